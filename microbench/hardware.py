@@ -1,0 +1,277 @@
+"""Spec database: vendor peaks (dense only, with sources) and this machine's CPU ceiling.
+
+`data/hardware.json` is copied from the project's reviewed reference table (NVIDIA, AMD,
+Google, Groq, Cerebras and Apple datasheets; each entry cites its sources and keeps the notes
+on where sources disagree). The "cpu" entry is computed on the machine that runs it, from the
+ISA flags, the usable cores and the clock (see `cpu_device`); it is an upper bound used by the
+guard rails, not a promise.
+
+Public API:
+    Device                       frozen dataclass (name, vendor, kind, peak_flops, ...)
+    get(name) -> Device          unknown names raise KeyError listing the valid ones
+    list_devices() -> list[str]
+    load_device(path) -> Device  a user's own device as JSON; bad fields raise ValueError
+    add_device(device)           make a loaded device visible to get()/list_devices()
+    cpu_device() -> Device       this machine's CPU, derived from ISA x cores x clock
+    device_for_environment(env) -> Device | None   the spec that matches a harness environment
+    ridge_point(device, dtype=None, level=None) -> float   FLOP per byte
+    spec_dtype(dtype) -> str     "float8_e4m3fn" -> "float8" etc.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from microbench import sysinfo
+
+DATA = Path(__file__).parent / "data" / "hardware.json"
+DTYPES = ("float32", "tf32", "bfloat16", "float16", "float8", "int8", "float4")
+KINDS = ("cpu", "gpu", "tpu", "sram", "soc")
+_PREFERRED = ("bfloat16", "float16", "float32")
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    vendor: str
+    kind: str
+    peak_flops: dict  # {dtype: FLOP/s}, dense
+    memory_bandwidth: dict  # {level: bytes/s}
+    main_memory: str  # key of memory_bandwidth holding the off-chip (or SRAM-only) roof
+    memory_bytes: float | None
+    sources: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+    dense: bool = True
+    memory_type: str | None = None
+    derivation: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["sources"], d["notes"] = list(self.sources), list(self.notes)
+        return d
+
+
+def _bad(path: str, value, allowed: str) -> ValueError:
+    return ValueError(f"device field '{path}': got {value!r}; allowed: {allowed}")
+
+
+def _positive(path: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value > 0):
+        raise _bad(path, value, "a finite positive number")
+    return float(value)
+
+
+def _str(d: dict, key: str, prefix: str) -> str:
+    value = d.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise _bad(prefix + key, value, "a non-empty string")
+    return value
+
+
+def _rate_table(d: dict, key: str, prefix: str, allowed_keys=None) -> dict:
+    table = d.get(key)
+    if not isinstance(table, dict):
+        raise _bad(prefix + key, table, "an object {name: positive number}")
+    for k, v in table.items():
+        if allowed_keys is not None and k not in allowed_keys:
+            raise _bad(f"{prefix}{key}.{k}", k, "one of " + ", ".join(allowed_keys))
+        _positive(f"{prefix}{key}.{k}", v)
+    return {k: float(v) for k, v in table.items()}
+
+
+def device_from_dict(d: dict, prefix: str = "") -> Device:
+    """Validate one device object; each error names the field, the value and what is allowed."""
+    if not isinstance(d, dict):
+        raise _bad(prefix.rstrip(".") or "device", d, "a JSON object")
+    kind = d.get("kind")
+    if kind not in KINDS:
+        raise _bad(prefix + "kind", kind, " | ".join(KINDS))
+    if d.get("dense") is not True:
+        raise _bad(prefix + "dense", d.get("dense"),
+                   "true (dense peaks only; halve 2:4-sparse headline figures)")
+    flops = _rate_table(d, "peak_flops", prefix, DTYPES)
+    if not flops:
+        raise _bad(prefix + "peak_flops", flops, "at least one dtype")
+    bw = _rate_table(d, "memory_bandwidth", prefix)
+    main = d.get("main_memory")
+    if not isinstance(main, str) or (bw and main not in bw):
+        raise _bad(prefix + "main_memory", main, "a key of memory_bandwidth " + str(sorted(bw)))
+    mem = d.get("memory_bytes")
+    if mem is not None:
+        _positive(prefix + "memory_bytes", mem)
+    sources = d.get("sources")
+    if not (isinstance(sources, list) and sources and all(isinstance(s, str) and s.strip()
+                                                          for s in sources)):
+        raise _bad(prefix + "sources", sources, "a non-empty list of citation strings")
+    notes = d.get("notes", [])
+    if not (isinstance(notes, list) and all(isinstance(s, str) for s in notes)):
+        raise _bad(prefix + "notes", notes, "a list of strings")
+    return Device(name=_str(d, "name", prefix), vendor=_str(d, "vendor", prefix), kind=kind,
+                  peak_flops=flops, memory_bandwidth=bw, main_memory=main,
+                  memory_bytes=None if mem is None else float(mem), sources=tuple(sources),
+                  notes=tuple(notes), memory_type=d.get("memory_type"),
+                  derivation=dict(d.get("derivation") or {}))
+
+
+def load_device(path: str | Path) -> Device:
+    """A user's device file: one device object (same fields as data/hardware.json entries)."""
+    try:
+        obj = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from e
+    return device_from_dict(obj)
+
+
+@functools.lru_cache(maxsize=1)
+def _builtin() -> dict[str, Device]:
+    doc = json.loads(DATA.read_text())
+    return {name: device_from_dict(d, f"devices[{name!r}].")
+            for name, d in doc["devices"].items()}
+
+
+_EXTRA: dict[str, Device] = {}
+
+
+def add_device(device: Device) -> None:
+    _EXTRA[device.name] = device
+
+
+def list_devices() -> list[str]:
+    return [*_builtin(), *_EXTRA, "cpu"]
+
+
+def get(name: str) -> Device:
+    if name == "cpu":
+        return cpu_device()
+    found = _EXTRA.get(name) or _builtin().get(name)
+    if found is None:
+        raise KeyError(f"unknown device {name!r}; valid: {', '.join(list_devices())}")
+    return found
+
+
+def spec_dtype(dtype: str) -> str:
+    """Map a JAX dtype name to the spec table's key (float8_e4m3fn -> float8)."""
+    for prefix in ("float8", "float4"):
+        if dtype.startswith(prefix):
+            return prefix
+    return dtype
+
+
+def ridge_point(device: Device, dtype: str | None = None, level: str | None = None) -> float:
+    """FLOP/byte where the compute roof of `dtype` meets the bandwidth roof of `level`
+    (defaults: bfloat16, else float16, else float32; the main memory)."""
+    dtype = dtype or next(d for d in (*_PREFERRED, *device.peak_flops)
+                          if d in device.peak_flops)
+    level = level or device.main_memory
+    if level not in device.memory_bandwidth:
+        raise KeyError(f"{device.name}: no bandwidth for {level!r}; "
+                       f"have {sorted(device.memory_bandwidth)}")
+    return device.peak_flops[spec_dtype(dtype)] / device.memory_bandwidth[level]
+
+
+# ---------------------------------------------------------------------------- this machine
+
+def _simd_f32_lanes(flags: dict[str, bool]) -> tuple[int, str]:
+    if flags.get("avx512f"):
+        return 16, "avx512f: 512-bit vectors, 16 f32 lanes"
+    if flags.get("avx2") or flags.get("fma"):
+        return 8, "avx2/fma: 256-bit vectors, 8 f32 lanes"
+    if flags.get("asimd"):
+        return 4, "asimd: 128-bit NEON vectors, 4 f32 lanes"
+    return 4, "no wide-vector flag found: assumed 128-bit (SSE) vectors"
+
+
+def _low_precision_rates(flags: dict[str, bool], f32_cycle: float) -> tuple[dict, list[str]]:
+    """Per-core FLOP/cycle for bf16/int8/fp16 from the instructions the flags advertise."""
+    rates, why = {}, []
+    if flags.get("amx_bf16"):
+        rates["bfloat16"] = 1024.0
+        why.append("bfloat16: AMX-BF16 tile multiply, 1024 FLOP/cycle/core")
+    elif flags.get("avx512_bf16"):
+        rates["bfloat16"] = 2 * f32_cycle
+        why.append("bfloat16: AVX512-BF16 VDPBF16PS, 2 products per f32 lane -> 2x f32")
+    if flags.get("amx_int8"):
+        rates["int8"] = 2048.0
+        why.append("int8: AMX-INT8, 2048 OP/cycle/core")
+    elif flags.get("avx512_vnni") or flags.get("avx_vnni"):
+        rates["int8"] = 4 * f32_cycle
+        why.append("int8: VNNI VPDPBUSD, 4 products per 32-bit lane -> 4x f32")
+    if flags.get("avx512_fp16") or flags.get("amx_fp16"):
+        rates["float16"] = 2 * f32_cycle
+        why.append("float16: AVX512-FP16, 2x f32 lanes")
+    return rates, why
+
+
+def _mem_total_bytes() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return float(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_device() -> Device:
+    """Theoretical CPU peak: usable cores x FMA pipes x f32 lanes x 2 FLOP x clock.
+
+    Assumes 2 FMA pipes per core of the widest vector the flags advertise: right for recent
+    Intel server cores and Zen 5, an upper bound (2x) for Zen 4, whose 512-bit ops run as two
+    256-bit halves. The clock comes from sysinfo.clock_hz (cpufreq max, else measured, else
+    nominal). DRAM bandwidth is not derivable from what a VM exposes, so it is left out.
+    """
+    info = sysinfo.read_cpuinfo()
+    flags = sysinfo.isa_flags(info)
+    cores = len(sysinfo.affinity())
+    hz, hz_how = sysinfo.clock_hz()
+    hz = hz or 1e9
+    lanes, lanes_why = _simd_f32_lanes(flags)
+    fma_pipes = 2
+    f32_cycle = fma_pipes * lanes * 2.0
+    low, low_why = _low_precision_rates(flags, f32_cycle)
+    per_cycle = {"float32": f32_cycle, **low}
+    cpu_id = sysinfo.cpu_family(info)
+    derivation = {
+        "formula": "cores x FLOP/cycle/core x clock; f32 FLOP/cycle = FMA pipes x lanes x 2",
+        "cores": cores, "fma_pipes": fma_pipes, "f32_lanes": lanes, "clock_hz": hz,
+        "clock_source": hz_how, "flop_per_cycle_per_core": per_cycle,
+        "why": [lanes_why, "2 FMA pipes per core assumed (upper bound)", *low_why],
+        "cpu_id": cpu_id,
+    }
+    notes = ["Theoretical upper bound, not a vendor figure. Zen 4 (AMD family 0x19) executes "
+             "512-bit FMAs as two 256-bit halves: its real f32 peak is half of this.",
+             "No DRAM bandwidth ceiling: a VM does not expose the memory channels and speed."]
+    return Device(
+        name="cpu", vendor=cpu_id.get("vendor") or "unknown", kind="cpu",
+        peak_flops={k: cores * v * hz for k, v in per_cycle.items()},
+        memory_bandwidth={}, main_memory="DRAM", memory_bytes=_mem_total_bytes(),
+        sources=(f"derived on this machine from /proc/cpuinfo flags, sched_getaffinity and "
+                 f"the clock ({hz_how}); model {sysinfo.cpu_model(info)!r}",),
+        notes=tuple(notes), derivation=derivation)
+
+
+_ALIASES = (
+    (r"H100.*(SXM|HBM3)|^NVIDIA H100$", "H100 SXM"), (r"H200", "H200 SXM"),
+    (r"GB200", "GB200 (per GPU)"), (r"B200", "B200"), (r"MI300X", "MI300X"),
+    (r"MI325X", "MI325X"), (r"MI355X", "MI355X"), (r"TPU v5 ?lite|TPU v5e", "TPU v5e"),
+    (r"TPU v5p|TPU v5$", "TPU v5p"), (r"TPU v6", "TPU v6e"), (r"TPU7x|TPU v7", "TPU7x (Ironwood)"),
+)
+
+
+def device_for_environment(env: dict) -> Device | None:
+    """The spec entry for a harness.environment() block: the computed CPU entry on the CPU
+    backend, a vendor entry matched on device_kind otherwise, None if nothing matches."""
+    if env.get("backend") == "cpu":
+        return cpu_device()
+    kind = env.get("device_kind") or ""
+    for pattern, name in _ALIASES:
+        if re.search(pattern, kind, flags=re.IGNORECASE):
+            return get(name)
+    return None

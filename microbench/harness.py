@@ -1,0 +1,265 @@
+"""The timing harness every benchmark in the project uses, plus the environment block and
+atomic result writers.
+
+Method (see METHOD.md; after the ERT, BabelStream and the JAX "benchmarking" FAQ):
+compile outside the timer (`jax.jit(f).lower(*args).compile()`), run untimed warm-ups,
+block with `jax.block_until_ready`, make every sample last at least `min_sample_s` by queueing
+several calls in one sample, and repeat until the coefficient of variation falls below
+`target_cv` or the time budget is spent. Raw samples are kept; every statistic is per call.
+
+Donated buffers: `time_fn(f, *args, donate_argnums=(0,))` compiles `f` with those arguments
+donated, copies them once (the caller's arrays survive) and feeds the outputs of each call back
+as the donated inputs of the next, in order, so an in-place kernel stays in place and calls
+chain. `f` must then return arrays of the donated arguments' shapes and dtypes (a single array
+when one argument is donated, a tuple otherwise).
+
+Public API:
+    time_fn(fn, *args, min_sample_s=1e-3, warmup=2, target_cv=0.02, budget_s=2.0,
+            min_samples=5, max_samples=200, donate_argnums=(), clock=time.perf_counter) -> Timing
+    compile_fn(fn, *args, donate_argnums=()) -> jax.stages.Compiled
+    summarize(samples) -> dict          (median, min, p10, p90, mean, cv)
+    stop_reason(samples, elapsed_s, ...) -> str | None
+    rates(amount, timing) -> dict       (amount/time at the median, p10 and p90 of the rate)
+    environment() -> dict               (the block every result file carries)
+    write_json_atomic(path, obj), write_csv_atomic(path, rows)
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import io
+import json
+import os
+import platform
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from microbench import sysinfo
+from microbench.schema import SCHEMA_VERSION
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per call for each sample, and how sampling went."""
+
+    samples: tuple[float, ...]
+    calls_per_sample: int
+    stop: str  # why sampling stopped: "cv", "budget" or "max_samples"
+
+    @property
+    def stats(self) -> dict:
+        return summarize(self.samples)
+
+    @property
+    def median(self) -> float:
+        return self.stats["median"]
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["samples"] = list(self.samples)
+        d.update(self.stats)
+        return d
+
+
+def summarize(samples: Sequence[float]) -> dict:
+    """Median, min, p10, p90, mean and coefficient of variation (sample std / mean)."""
+    x = np.asarray(samples, dtype=np.float64)
+    if x.size == 0:
+        raise ValueError("summarize: no samples")
+    mean = float(x.mean())
+    std = float(x.std(ddof=1)) if x.size > 1 else 0.0
+    return {
+        "n": int(x.size),
+        "median": float(np.median(x)),
+        "min": float(x.min()),
+        "p10": float(np.percentile(x, 10)),
+        "p90": float(np.percentile(x, 90)),
+        "mean": mean,
+        "cv": std / mean if mean > 0 else float("inf"),
+    }
+
+
+def stop_reason(samples: Sequence[float], elapsed_s: float, *, target_cv: float,
+                budget_s: float, min_samples: int, max_samples: int) -> str | None:
+    """Why to stop sampling now, or None to take another sample.
+
+    Never before `min_samples`; then at `max_samples`, when the CV reaches `target_cv`, or when
+    `elapsed_s` has used the budget (the budget cannot stop the first `min_samples`).
+    """
+    n = len(samples)
+    if n < min_samples:
+        return None
+    if n >= max_samples:
+        return "max_samples"
+    if summarize(samples)["cv"] <= target_cv:
+        return "cv"
+    if elapsed_s >= budget_s:
+        return "budget"
+    return None
+
+
+def compile_fn(fn: Callable, *args, donate_argnums: Sequence[int] = ()):
+    """AOT-compile `fn` for `args`; a `jax.stages.Compiled` is returned unchanged."""
+    if isinstance(fn, jax.stages.Compiled):
+        return fn
+    if donate_argnums or not hasattr(fn, "lower"):
+        fn = jax.jit(fn, donate_argnums=tuple(donate_argnums))
+    return fn.lower(*args).compile()
+
+
+def _copy_donated(args: list, donate_argnums: Sequence[int]) -> list:
+    args = list(args)
+    for i in donate_argnums:
+        args[i] = jax.numpy.array(args[i], copy=True)
+    return args
+
+
+def _runner(compiled, args: list, donate_argnums: Sequence[int]):
+    """A function that makes `n` calls and blocks on all their outputs."""
+    donate = tuple(donate_argnums)
+
+    def run(n: int) -> None:
+        outs = []
+        for _ in range(n):
+            out = compiled(*args)
+            if donate:
+                carried = out if isinstance(out, (tuple, list)) else (out,)
+                for slot, value in zip(donate, carried, strict=True):
+                    args[slot] = value
+                outs = [out]
+            else:
+                outs.append(out)
+        jax.block_until_ready(outs)
+
+    return run
+
+
+def time_fn(fn: Callable, *args, min_sample_s: float = 1e-3, warmup: int = 2,
+            target_cv: float = 0.02, budget_s: float = 2.0, min_samples: int = 5,
+            max_samples: int = 200, donate_argnums: Sequence[int] = (),
+            clock: Callable[[], float] = time.perf_counter) -> Timing:
+    """Time `fn(*args)` per call (see the module docstring for the method)."""
+    compiled = compile_fn(fn, *args, donate_argnums=donate_argnums)
+    run = _runner(compiled, _copy_donated(list(args), donate_argnums), donate_argnums)
+    for _ in range(max(1, warmup)):
+        run(1)
+    t0 = clock()  # calibrate: calls per sample so one sample lasts >= min_sample_s
+    run(1)
+    one = max(clock() - t0, 1e-9)
+    calls = max(1, int(np.ceil(min_sample_s / one)))
+    samples: list[float] = []
+    start = clock()
+    while True:
+        t0 = clock()
+        run(calls)
+        samples.append((clock() - t0) / calls)
+        reason = stop_reason(samples, clock() - start, target_cv=target_cv, budget_s=budget_s,
+                             min_samples=min_samples, max_samples=max_samples)
+        if reason:
+            return Timing(tuple(samples), calls, reason)
+
+
+def rates(amount: float, timing: Timing | dict) -> dict:
+    """amount / time per call: median, and the rate's p10/p90 (from the time's p90/p10)."""
+    st = timing.stats if isinstance(timing, Timing) else timing
+    return {"median": amount / st["median"], "p10": amount / st["p90"],
+            "p90": amount / st["p10"], "max": amount / st["min"]}
+
+
+# ----------------------------------------------------------------------------- environment
+
+def _git_revision() -> str | None:
+    here = Path(__file__).resolve().parent
+    try:
+        res = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return res.stdout.strip() or None if res.returncode == 0 else None
+
+
+def _device_memory() -> dict | None:
+    try:
+        stats = jax.devices()[0].memory_stats()
+    except Exception:  # noqa: BLE001 - backends without memory stats raise various errors
+        return None
+    if not stats:
+        return None
+    keep = ("bytes_limit", "bytes_in_use", "peak_bytes_in_use")
+    return {k: int(stats[k]) for k in keep if k in stats}
+
+
+def environment() -> dict:
+    """Backend, device, versions, flags, CPU, caches, date and git revision (no hostname)."""
+    import jaxlib
+
+    dev = jax.devices()[0]
+    info = sysinfo.read_cpuinfo()
+    hz, hz_how = sysinfo.clock_hz()
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "backend": jax.default_backend(),
+        "device_kind": dev.device_kind,
+        "device_count": jax.device_count(),
+        "compute_capability": getattr(dev, "compute_capability", None),
+        "jax_version": jax.__version__,
+        "jaxlib_version": jaxlib.__version__,
+        "python_version": platform.python_version(),
+        "xla_flags": os.environ.get("XLA_FLAGS"),
+        "jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
+        "cpu_model": sysinfo.cpu_model(info),
+        "cpu_id": sysinfo.cpu_family(info),
+        "isa_flags": sysinfo.isa_flags(info),
+        "cpu_count": os.cpu_count(),
+        "affinity": sysinfo.affinity(),
+        "cpu_clock_hz": hz,
+        "cpu_clock_source": hz_how,
+        "caches": sysinfo.cache_sizes(),
+        "device_memory": _device_memory(),
+        "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "git_revision": _git_revision(),
+    }
+
+
+# ----------------------------------------------------------------------------- writers
+
+def _write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write to a temporary file in the target's folder, fsync, then os.replace it in."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json_atomic(path: str | Path, obj) -> Path:
+    """Serialise first (a failure leaves nothing behind), then replace `path` atomically."""
+    return _write_text_atomic(path, json.dumps(obj, indent=1, allow_nan=False) + "\n")
+
+
+def write_csv_atomic(path: str | Path, rows: Sequence[dict]) -> Path:
+    """Rows of flat dicts as CSV (columns: union of keys in first-seen order), atomically."""
+    cols: list[str] = []
+    for row in rows:
+        cols += [k for k in row if k not in cols]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return _write_text_atomic(path, buf.getvalue())

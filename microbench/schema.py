@@ -1,0 +1,154 @@
+"""The result-file schema (versioned) and its validator.
+
+A results file (`peaks.json`, written by `python -m microbench peaks`) is one JSON object:
+
+    schema_version  int     SCHEMA_VERSION; bumped when a field changes meaning or goes away
+    kind            str     "microbench.peaks"
+    machine         str     human label for figures ("cpu: AMD EPYC, 2 cores")
+    quick           bool    measured with --quick (fewer, smaller points)
+    environment     object  harness.environment(): backend, device, versions, flags, CPU, date
+    spec            object|null  the ceilings used by the guard rails (hardware.Device.to_dict())
+    gemm, vector, bandwidth     lists of measurements (below)
+    sweep           object  {kernel, byte_convention, points: [measurement], plateaus: [...]}
+    intensity       object  {kernel, working_set_bytes, points: [measurement]}
+    roofs           object  {compute: [roof], memory: [roof]}
+    compare         object  optional: peer programs and ratios ours/peer (peaks --compare)
+
+A measurement is {name, flops, bytes, timing, flops_per_s, bytes_per_s, suspect, reason, ...}
+with kernel parameters beside them (shape, dtype, K, k, working_set_bytes, donated ...).
+`flops` and `bytes` are the kernel's analytic counts per call (algorithmic bytes; bandwidth
+entries also carry `bytes_write_allocate`). `timing` is harness.Timing.to_dict(): raw
+`samples` (seconds per call), `calls_per_sample`, `stop`, and median/min/p10/p90/mean/cv.
+A rate (`flops_per_s`, `bytes_per_s`) is {median, p10, p90, max} of amount/time.
+
+A roof is {name, kind: "compute"|"memory", value, p10, p90, source, suspect, reason} plus
+`dtype` (compute) or `level` (memory). A suspect roof exceeded its ceiling (vendor or
+theoretical peak); it is a measurement error to explain, never a result.
+"""
+
+from __future__ import annotations
+
+import math
+
+SCHEMA_VERSION = 1
+KIND_PEAKS = "microbench.peaks"
+
+_NUM = "number"
+
+
+def _fail(path: str, value, allowed: str):
+    shown = repr(value)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    raise ValueError(f"{path}: got {shown}; expected {allowed}")
+
+
+def _check(path: str, value, kind: str, *, positive: bool = False, nullable: bool = False):
+    if value is None:
+        if nullable:
+            return
+        _fail(path, value, kind)
+    if kind == _NUM:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not ok or not math.isfinite(value) or (positive and value <= 0):
+            _fail(path, value, "a finite " + ("positive " if positive else "") + "number")
+    elif kind == "int":
+        if not isinstance(value, int) or isinstance(value, bool) or (positive and value <= 0):
+            _fail(path, value, "a positive integer" if positive else "an integer")
+    elif not isinstance(value, {"str": str, "bool": bool, "list": list, "dict": dict}[kind]):
+        _fail(path, value, f"a {kind}")
+
+
+def _require(obj: dict, path: str, key: str):
+    if key not in obj:
+        raise ValueError(f"{path}.{key}: missing (required field)")
+    return obj[key]
+
+
+def _timing(t, path: str):
+    _check(path, t, "dict")
+    samples = _require(t, path, "samples")
+    _check(path + ".samples", samples, "list")
+    if not samples:
+        _fail(path + ".samples", samples, "a non-empty list of seconds")
+    for i, s in enumerate(samples):
+        _check(f"{path}.samples[{i}]", s, _NUM, positive=True)
+    _check(path + ".calls_per_sample", _require(t, path, "calls_per_sample"), "int",
+           positive=True)
+    for key in ("median", "min", "p10", "p90"):
+        _check(f"{path}.{key}", _require(t, path, key), _NUM, positive=True)
+    _check(path + ".cv", _require(t, path, "cv"), _NUM)
+
+
+def _rate(r, path: str):
+    _check(path, r, "dict", nullable=True)
+    if r is not None:
+        for key in ("median", "p10", "p90"):
+            _check(f"{path}.{key}", _require(r, path, key), _NUM, positive=True)
+
+
+def _measurement(m, path: str):
+    _check(path, m, "dict")
+    _check(path + ".name", _require(m, path, "name"), "str")
+    _check(path + ".flops", _require(m, path, "flops"), _NUM)
+    _check(path + ".bytes", _require(m, path, "bytes"), _NUM)
+    _timing(_require(m, path, "timing"), path + ".timing")
+    _rate(m.get("flops_per_s"), path + ".flops_per_s")
+    _rate(m.get("bytes_per_s"), path + ".bytes_per_s")
+    _suspect(m, path)
+
+
+def _suspect(m: dict, path: str):
+    _check(path + ".suspect", _require(m, path, "suspect"), "bool")
+    if m["suspect"]:
+        _check(path + ".reason", _require(m, path, "reason"), "str")
+
+
+def _roof(r, path: str):
+    _check(path, r, "dict")
+    _check(path + ".name", _require(r, path, "name"), "str")
+    kind = _require(r, path, "kind")
+    if kind not in ("compute", "memory"):
+        _fail(path + ".kind", kind, "'compute' or 'memory'")
+    _check(path + "." + ("dtype" if kind == "compute" else "level"),
+           _require(r, path, "dtype" if kind == "compute" else "level"), "str")
+    for key in ("value", "p10", "p90"):
+        _check(f"{path}.{key}", _require(r, path, key), _NUM, positive=True)
+    _check(path + ".source", _require(r, path, "source"), "str")
+    _suspect(r, path)
+
+
+def validate_result(obj) -> dict:
+    """Check a results object against the schema; raise ValueError naming the bad field."""
+    _check("result", obj, "dict")
+    version = _require(obj, "result", "schema_version")
+    if version != SCHEMA_VERSION:
+        _fail("result.schema_version", version, f"{SCHEMA_VERSION} (this code's version)")
+    if _require(obj, "result", "kind") != KIND_PEAKS:
+        _fail("result.kind", obj["kind"], repr(KIND_PEAKS))
+    _check("result.machine", _require(obj, "result", "machine"), "str")
+    _check("result.quick", _require(obj, "result", "quick"), "bool")
+    env = _require(obj, "result", "environment")
+    _check("result.environment", env, "dict")
+    _check("result.environment.backend", _require(env, "result.environment", "backend"), "str")
+    _check("result.spec", _require(obj, "result", "spec"), "dict", nullable=True)
+    for key in ("gemm", "vector", "bandwidth"):
+        items = _require(obj, "result", key)
+        _check("result." + key, items, "list")
+        for i, m in enumerate(items):
+            _measurement(m, f"result.{key}[{i}]")
+    for key in ("sweep", "intensity"):
+        block = _require(obj, "result", key)
+        _check("result." + key, block, "dict")
+        points = _require(block, "result." + key, "points")
+        _check(f"result.{key}.points", points, "list")
+        for i, m in enumerate(points):
+            _measurement(m, f"result.{key}.points[{i}]")
+    roofs = _require(obj, "result", "roofs")
+    _check("result.roofs", roofs, "dict")
+    for kind in ("compute", "memory"):
+        items = _require(roofs, "result.roofs", kind)
+        _check("result.roofs." + kind, items, "list")
+        for i, r in enumerate(items):
+            _roof(r, f"result.roofs.{kind}[{i}]")
+    return obj

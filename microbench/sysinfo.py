@@ -1,0 +1,184 @@
+"""What the operating system says about the machine: CPU model, ISA flags, caches, clock.
+
+Everything here reads `/proc/cpuinfo`, `/sys/devices/system/cpu/...` and `os.sched_getaffinity`
+(Linux); on other systems each reader returns None or an empty value rather than guessing.
+The clock reader follows the order of trust used by likwid and the ERT: the kernel's cpufreq
+maximum if the OS exposes it, else a measured dependent integer-add chain (one add per cycle on
+every x86 core since the P6; compiled on the fly with gcc), else the nominal `cpu MHz` line,
+which under a hypervisor is the TSC rate and may be below the boost clock.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+CPU_SYS = Path("/sys/devices/system/cpu")
+
+# ISA flags worth recording for dense linear algebra (x86 names as /proc/cpuinfo spells them,
+# plus the Arm ones).
+ISA_FLAGS = (
+    "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
+    "avx512_fp16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16",
+    "asimd", "sve", "sve2", "sme", "bf16", "i8mm",
+)
+
+
+def read_cpuinfo(path: str | Path = "/proc/cpuinfo") -> dict[str, str]:
+    """First processor block of /proc/cpuinfo as {key: value}; {} when absent."""
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return {}
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            if out:
+                break
+            continue
+        key, _, value = line.partition(":")
+        out.setdefault(key.strip(), value.strip())
+    return out
+
+
+def cpu_model(info: dict[str, str] | None = None) -> str | None:
+    info = read_cpuinfo() if info is None else info
+    return info.get("model name") or info.get("Hardware") or info.get("CPU part")
+
+
+def isa_flags(info: dict[str, str] | None = None) -> dict[str, bool]:
+    """{flag: present} for the flags in ISA_FLAGS (x86 'flags' or Arm 'Features' line)."""
+    info = read_cpuinfo() if info is None else info
+    present = set((info.get("flags") or info.get("Features") or "").split())
+    return {f: f in present for f in ISA_FLAGS}
+
+
+def cpu_family(info: dict[str, str] | None = None) -> dict[str, int | str | None]:
+    info = read_cpuinfo() if info is None else info
+
+    def _int(key):
+        try:
+            return int(info[key], 0)
+        except (KeyError, ValueError):
+            return None
+
+    return {"vendor": info.get("vendor_id"), "family": _int("cpu family"), "model": _int("model")}
+
+
+def affinity() -> list[int]:
+    """CPUs this process may run on (all online CPUs where sched_getaffinity is missing)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def _parse_size(text: str) -> int | None:
+    text = text.strip().upper()
+    mult = {"K": 1024, "M": 1024**2, "G": 1024**3}
+    try:
+        if text and text[-1] in mult:
+            return int(text[:-1]) * mult[text[-1]]
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _count_cpus(cpu_list: str) -> int:
+    n = 0
+    for part in cpu_list.strip().split(","):
+        if "-" in part:
+            lo, hi = part.split("-")
+            n += int(hi) - int(lo) + 1
+        elif part:
+            n += 1
+    return n
+
+
+def cache_sizes(root: Path = CPU_SYS / "cpu0" / "cache") -> list[dict]:
+    """Data/unified caches of cpu0: [{level, name, size_bytes, shared_by_cpus}], small first."""
+    out = []
+    for idx in sorted(root.glob("index*")):
+        try:
+            kind = (idx / "type").read_text().strip()
+            if kind == "Instruction":
+                continue
+            level = int((idx / "level").read_text())
+            size = _parse_size((idx / "size").read_text())
+            shared = _count_cpus((idx / "shared_cpu_list").read_text())
+        except (OSError, ValueError):
+            continue
+        if size:
+            out.append({"level": level, "name": f"L{level}", "size_bytes": size,
+                        "shared_by_cpus": shared})
+    return sorted(out, key=lambda c: c["level"])
+
+
+def aggregate_cache_bytes(caches: list[dict], n_cpus: int) -> list[tuple[str, int]]:
+    """[(name, bytes)] that n_cpus threads can hold together: a private cache counts once per
+    core used, a shared one once per sharing group."""
+    out = []
+    for c in caches:
+        groups = max(1, -(-n_cpus // max(1, c["shared_by_cpus"])))
+        out.append((c["name"], c["size_bytes"] * groups))
+    return out
+
+
+_CLOCK_C = r"""
+#include <stdio.h>
+#include <stdint.h>
+#include <time.h>
+static double now(void){struct timespec t;clock_gettime(CLOCK_MONOTONIC,&t);
+  return t.tv_sec+1e-9*t.tv_nsec;}
+int main(void){uint64_t x=1;long n=100000000;double best=1e9;
+  for(int r=0;r<5;r++){double t0=now();
+    for(long i=0;i<n;i+=8){__asm__ volatile("add $1,%0\n\tadd $1,%0\n\tadd $1,%0\n\t"
+      "add $1,%0\n\tadd $1,%0\n\tadd $1,%0\n\tadd $1,%0\n\tadd $1,%0":"+r"(x));}
+    double t=now()-t0; if(t<best) best=t;}
+  printf("%.0f\n", n/best); return (int)(x==0);}
+"""
+
+
+def _measured_clock_hz() -> float | None:
+    """Clock from a dependent chain of integer adds (1 cycle each); x86 with gcc only."""
+    gcc = shutil.which("gcc")
+    if gcc is None or os.uname().machine not in ("x86_64", "i686"):
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        src, exe = Path(tmp) / "clk.c", Path(tmp) / "clk"
+        src.write_text(_CLOCK_C)
+        try:
+            subprocess.run([gcc, "-O2", str(src), "-o", str(exe)], check=True,
+                           capture_output=True, timeout=60)
+            res = subprocess.run([str(exe)], check=True, capture_output=True, text=True,
+                                 timeout=60)
+            return float(res.stdout.strip())
+        except (subprocess.SubprocessError, OSError, ValueError):
+            return None
+
+
+@functools.lru_cache(maxsize=1)
+def clock_hz() -> tuple[float | None, str]:
+    """(Hz, how it was found), trying cpufreq max, then a measurement, then cpuinfo MHz."""
+    override = os.environ.get("MICROBENCH_CPU_HZ")
+    if override:
+        return float(override), "MICROBENCH_CPU_HZ environment variable"
+    try:
+        khz = int((CPU_SYS / "cpu0" / "cpufreq" / "cpuinfo_max_freq").read_text())
+        return khz * 1e3, "cpufreq cpuinfo_max_freq (maximum boost the OS allows)"
+    except (OSError, ValueError):
+        pass
+    t0 = time.perf_counter()
+    hz = _measured_clock_hz()
+    if hz:
+        return hz, (f"measured: dependent integer-add chain, 1 add/cycle, best of 5 "
+                    f"({time.perf_counter() - t0:.1f} s incl. gcc)")
+    mhz = read_cpuinfo().get("cpu MHz")
+    if mhz:
+        return float(mhz) * 1e6, ("/proc/cpuinfo 'cpu MHz' (nominal; under a hypervisor the "
+                                  "TSC rate, possibly below the boost clock)")
+    return None, "unknown"

@@ -1,0 +1,33 @@
+"""refmodel: a small transformer whose every inference phase is both counted and run.
+
+Shape alphabet (the scaling book's letters; einsum strings and shape comments use them):
+
+    B batch            T query length (new tokens)    S key/value length (cached tokens)
+    D model width      N query heads                  K key/value heads
+    G = N / K groups   H head dim                     F FFN width
+    E experts          A active (top-k) experts       R latent rank (MLA)
+    W window           L layers                       V vocabulary
+
+Public API (tests, notebooks and microbench use only this):
+
+    cfg = refmodel.presets.get("tiny")                # frozen ModelConfig; presets.PRESETS
+    cfg = dataclasses.replace(cfg, attention="gqa", ffn="moe")
+    model = refmodel.init(cfg, seed=0)                # Flax NNX module
+    logits = refmodel.forward(model, tokens)          # int32 [B, T] -> float32 [B, T, V]
+    cache = refmodel.init_cache(cfg, batch=B, max_len=S)
+    logits, cache = refmodel.prefill(model, tokens, cache)          # [B, T, V]
+    logits, cache = refmodel.decode_step(model, tokens[:, t], cache)  # [B] -> [B, V]
+    out = refmodel.generate(model, prompt, max_new_tokens=n, temperature=0.0)  # [B, T + n]
+    phases = refmodel.Phases(model)                   # jitted pure phase functions
+"""
+
+from refmodel import attention, costing, presets
+from refmodel.api import decode_step, forward, generate, init, init_cache, prefill
+from refmodel.config import ModelConfig
+from refmodel.model import Cache, Transformer
+from refmodel.phases import PHASES, Phases
+
+__all__ = [
+    "PHASES", "Cache", "ModelConfig", "Phases", "Transformer", "attention", "costing",
+    "decode_step", "forward", "generate", "init", "init_cache", "prefill", "presets",
+]

@@ -1,0 +1,57 @@
+"""Pieces the softmax-attention variants share: RoPE, masks, the grouped softmax core.
+
+RoPE is the rotate-half form of Su et al. 2021 ("RoFormer") as Llama and Hugging Face apply
+it, optionally on the first `rotary_dim` channels only (partial rotary). The grouped core is
+the scaling book's GQA einsum: queries [B, T, K, G, H] against keys [B, S, K, H].
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+NEG_INF = -1e30  # finite, so a fully masked row would give a uniform softmax, not NaN
+
+
+def rope(x: jax.Array, positions: jax.Array, rotary_dim: int, theta: float) -> jax.Array:
+    """Rotate the first `rotary_dim` channels of x [B, T, ..., H] by position [T]."""
+    half = rotary_dim // 2
+    freqs = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)  # [rotary_dim / 2]
+    angles = positions.astype(jnp.float32)[:, None] * freqs  # [T, rotary_dim / 2]
+    shape = (1, angles.shape[0]) + (1,) * (x.ndim - 3) + (half,)
+    cos = jnp.cos(angles).reshape(shape).astype(x.dtype)
+    sin = jnp.sin(angles).reshape(shape).astype(x.dtype)
+    x1, x2, rest = x[..., :half], x[..., half:rotary_dim], x[..., rotary_dim:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], axis=-1)
+
+
+def causal_mask(q_pos: jax.Array, k_pos: jax.Array, window: int | None = None) -> jax.Array:
+    """[T, S] True where query at q_pos [T] may see key at k_pos [S] (k_pos < 0: empty slot)."""
+    mask = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] >= 0)
+    if window is not None:
+        mask &= q_pos[:, None] - k_pos[None, :] < window
+    return mask
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
+           softcap: float | None = None, sinks: jax.Array | None = None) -> jax.Array:
+    """Softmax attention of q [B, T, K, G, H] over k [B, S, K, H], v [B, S, K, Hv].
+
+    mask is [T, S] or [B, T, S]; sinks, if given, is one learned logit per head [K, G] that
+    joins the softmax denominator but carries no value (gpt-oss). Returns [B, T, K, G, Hv].
+    """
+    with jax.named_scope("attn_scores"):
+        s = jnp.einsum("BTKGH,BSKH->BKGTS", q, k) * scale  # [B, K, G, T, S]
+        if softcap is not None:
+            s = softcap * jnp.tanh(s / softcap)
+        m = mask[:, None, None] if mask.ndim == 3 else mask
+        s = jnp.where(m, s, NEG_INF)
+    with jax.named_scope("attn_softmax"):
+        if sinks is not None:
+            sink = jnp.broadcast_to(sinks[None, :, :, None, None], s.shape[:-1] + (1,))
+            p = jax.nn.softmax(jnp.concatenate([s, sink.astype(s.dtype)], axis=-1), axis=-1)
+            p = p[..., :-1]
+        else:
+            p = jax.nn.softmax(s, axis=-1)
+    with jax.named_scope("attn_values"):
+        return jnp.einsum("BKGTS,BSKH->BTKGH", p.astype(v.dtype), v)  # [B, T, K, G, Hv]

@@ -1,0 +1,173 @@
+"""Multi-head, grouped-query and multi-query attention: one code path, K = N, 1 < K < N, K = 1.
+
+Vaswani et al. 2017 (MHA); Shazeer 2019, "Fast Transformer Decoding" (MQA); Ainslie et al.
+2023, "GQA". N query heads share K key/value heads in groups of G = N / K, so the cache holds
+2 K H numbers per token per layer and every decode step reads all of them: the attention
+intensity of decode is about G FLOPs per byte (bf16 cache: G), whatever the batch.
+
+Options used by real presets: q/k/v/o biases (GPT-2, gpt-oss), per-head RMSNorm on q and k
+(Qwen3, Gemma 3), a sigmoid output gate (Qwen3-Next), learned sink logits (gpt-oss), logit
+soft-capping (Gemma 2), partial rotary, and learned absolute positions handled by the model.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from refmodel.attention import register
+from refmodel.attention.base import AttentionLayer
+from refmodel.attention.common import attend, causal_mask, rope
+from refmodel.config import ModelConfig
+from refmodel.costing import Cost, Dtypes, matmul
+from refmodel.layers import param, zeros
+
+# Elementwise FLOPs per attention score: scale, mask select, max, subtract, exp, sum, divide.
+SOFTMAX_FLOPS = 7
+# RoPE: 2 multiplies and 1 add per rotated channel.
+ROPE_FLOPS = 3
+
+
+def kv_heads(cfg: ModelConfig, kind: str) -> int:
+    """K for this kind: N for "mha", 1 for "mqa", cfg.n_kv_heads for "gqa" (and its kin)."""
+    return {"mha": cfg.n_heads, "mqa": 1}.get(kind, cfg.n_kv_heads)
+
+
+@struct.dataclass
+class KVCache:
+    k: jax.Array  # [B, S, K, H]
+    v: jax.Array  # [B, S, K, H]
+
+
+@register("mha", "gqa", "mqa")
+class GroupedQueryAttention(AttentionLayer):
+    """Softmax attention with K key/value heads shared by groups of G query heads."""
+
+    def __init__(self, cfg: ModelConfig, *, kind: str, rngs: nnx.Rngs):
+        D, N, H, K = cfg.d_model, cfg.n_heads, cfg.head_size, kv_heads(cfg, kind)
+        dtype = jnp.dtype(cfg.dtype)
+        self.cfg, self.K = cfg, K
+        self.wq = param(rngs, (D, N, H), D, dtype)  # [D, N, H]
+        self.wk = param(rngs, (D, K, H), D, dtype)  # [D, K, H]
+        self.wv = param(rngs, (D, K, H), D, dtype)  # [D, K, H]
+        self.wo = param(rngs, (N, H, D), N * H, dtype)  # [N, H, D]
+        if cfg.attn_bias:
+            self.bq, self.bk, self.bv = zeros((N, H), dtype), zeros((K, H), dtype), zeros((K, H), dtype)
+            self.bo = zeros((D,), dtype)
+        if cfg.attn_out_gate:
+            self.wg = param(rngs, (D, N, H), D, dtype)  # [D, N, H]
+        if cfg.qk_norm:
+            self.q_norm = nnx.RMSNorm(H, epsilon=cfg.norm_eps, dtype=dtype, param_dtype=dtype, rngs=rngs)
+            self.k_norm = nnx.RMSNorm(H, epsilon=cfg.norm_eps, dtype=dtype, param_dtype=dtype, rngs=rngs)
+        if cfg.attn_sinks:
+            self.sinks = zeros((N,), dtype)
+
+    # The three steps, reused by the sliding-window and sparse variants ----------------------
+
+    def project(self, x: jax.Array, positions: jax.Array):
+        """x [B, T, D] -> q [B, T, K, G, H], k and v [B, T, K, H], with RoPE and norms."""
+        cfg = self.cfg
+        with jax.named_scope("qkv_proj"):
+            q = jnp.einsum("BTD,DNH->BTNH", x, self.wq[...])
+            k = jnp.einsum("BTD,DKH->BTKH", x, self.wk[...])
+            v = jnp.einsum("BTD,DKH->BTKH", x, self.wv[...])
+            if cfg.attn_bias:
+                q, k, v = q + self.bq[...], k + self.bk[...], v + self.bv[...]
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if cfg.position == "rope":
+            with jax.named_scope("rope"):
+                q = rope(q, positions, cfg.rotary_dim, cfg.rope_theta)
+                k = rope(k, positions, cfg.rotary_dim, cfg.rope_theta)
+        B, T, N, H = q.shape
+        return q.reshape(B, T, self.K, N // self.K, H), k, v
+
+    def output(self, x: jax.Array, o: jax.Array) -> jax.Array:
+        """o [B, T, K, G, H] -> [B, T, D] (gated by x if the config says so)."""
+        B, T, K, G, H = o.shape
+        o = o.reshape(B, T, K * G, H)  # [B, T, N, H]
+        with jax.named_scope("out_proj"):
+            if self.cfg.attn_out_gate:
+                o = o * jax.nn.sigmoid(jnp.einsum("BTD,DNH->BTNH", x, self.wg[...]))
+            y = jnp.einsum("BTNH,NHD->BTD", o, self.wo[...])
+            return y + self.bo[...] if self.cfg.attn_bias else y
+
+    def core(self, q, k, v, mask):
+        sinks = None
+        if self.cfg.attn_sinks:
+            sinks = self.sinks[...].reshape(self.K, -1)  # [K, G]
+        return attend(q, k, v, mask, self.cfg.softmax_scale, self.cfg.attn_softcap, sinks)
+
+    def __call__(self, x: jax.Array, start: jax.Array, cache: KVCache | None):
+        T = x.shape[1]
+        positions = start + jnp.arange(T, dtype=jnp.int32)  # [T]
+        q, k, v = self.project(x, positions)
+        if cache is None:
+            o = self.core(q, k, v, causal_mask(positions, positions))
+            return self.output(x, o), None
+        with jax.named_scope("kv_write"):
+            idx = (0, start, 0, 0)
+            cache = KVCache(
+                k=jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), idx),
+                v=jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), idx),
+            )
+        k_pos = jnp.arange(cache.k.shape[1], dtype=jnp.int32)  # [S]
+        o = self.core(q, cache.k.astype(q.dtype), cache.v.astype(q.dtype),
+                      causal_mask(positions, k_pos))
+        return self.output(x, o), cache
+
+    @classmethod
+    def init_cache(cls, cfg: ModelConfig, kind: str, batch: int, max_len: int) -> KVCache:
+        shape = (batch, max_len, kv_heads(cfg, kind), cfg.head_size)
+        dtype = jnp.dtype(cfg.dtype)
+        return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+
+    # Costs ------------------------------------------------------------------------------------
+
+    @classmethod
+    def param_counts(cls, cfg: ModelConfig, kind: str) -> dict[str, int]:
+        D, N, H, K = cfg.d_model, cfg.n_heads, cfg.head_size, kv_heads(cfg, kind)
+        out = {"wq": D * N * H, "wk": D * K * H, "wv": D * K * H, "wo": N * H * D}
+        if cfg.attn_bias:
+            out["biases"] = N * H + 2 * K * H + D
+        if cfg.attn_out_gate:
+            out["wg"] = D * N * H
+        if cfg.qk_norm:
+            out["qk_norm"] = 2 * H
+        if cfg.attn_sinks:
+            out["sinks"] = N
+        return out
+
+    @classmethod
+    def cache_bytes(cls, cfg: ModelConfig, kind: str, batch: int, context: int,
+                    dt: Dtypes) -> float:
+        return 2.0 * batch * context * kv_heads(cfg, kind) * cfg.head_size * dt.c
+
+    @classmethod
+    def costs(cls, cfg: ModelConfig, kind: str, batch: int, new: int, context: int,
+              dt: Dtypes) -> dict[str, Cost]:
+        return gqa_costs(cfg, kv_heads(cfg, kind), batch, new, context + new, dt)
+
+
+def gqa_costs(cfg: ModelConfig, K: int, batch: int, new: int, keys: int,
+              dt: Dtypes) -> dict[str, Cost]:
+    """One layer: `new` queries per sequence attend to `keys` cached positions each."""
+    D, N, H = cfg.d_model, cfg.n_heads, cfg.head_size
+    M = batch * new  # query tokens
+    qkv = matmul(M, D, (N + 2 * K) * H, dt)
+    if cfg.attn_bias:
+        qkv = qkv + Cost(flops=M * (N + 2 * K) * H, weight_bytes=(N + 2 * K) * H * dt.w)
+    rope_cost = Cost(flops=ROPE_FLOPS * M * (N + K) * cfg.rotary_dim) if cfg.position == "rope" \
+        else Cost()
+    scores = Cost(flops=2.0 * M * N * keys * H, kv_bytes=batch * keys * K * H * dt.c)
+    softmax = Cost(flops=SOFTMAX_FLOPS * M * N * keys)
+    values = Cost(flops=2.0 * M * N * keys * H, kv_bytes=batch * keys * K * H * dt.c)
+    write = Cost(kv_bytes=2.0 * M * K * H * dt.c)
+    out = matmul(M, N * H, D, dt)
+    if cfg.attn_out_gate:
+        out = out + matmul(M, D, N * H, dt) + Cost(flops=2 * M * N * H)
+    if cfg.attn_bias:
+        out = out + Cost(flops=M * D, weight_bytes=D * dt.w)
+    return {"qkv_proj": qkv, "rope": rope_cost, "kv_write": write, "attn_scores": scores,
+            "attn_softmax": softmax, "attn_values": values, "out_proj": out}

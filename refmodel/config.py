@@ -1,0 +1,242 @@
+"""One frozen, flat model config, validated on construction.
+
+Every architecture the project counts or runs is a `ModelConfig`: the tiny ones that run in the
+tests, and real ones (Llama 3, DeepSeek V3, gpt-oss, ...) that are only counted. Variants are made
+with `dataclasses.replace(cfg, attention="mla")`; a wrong value raises `ValueError` naming the
+field, the value and what is allowed.
+
+Layers are blocks of (mixer, ffn). `attention` is the mixer kind of every layer unless
+`layer_pattern` gives one kind per layer (tiled over the layers, e.g. ("sliding",) * 5 +
+("gqa",) for Gemma 3's 5 local : 1 global). `ffn` is the FFN kind unless `ffn_pattern` tiles one,
+and the first `first_dense_layers` layers use a dense FFN (DeepSeek's first_k_dense_replace).
+The kind "none" skips a mixer or an FFN (Nemotron-H's separate Mamba, attention and MLP layers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+FFN_KINDS = ("dense", "moe", "none")
+MLP_ACTS = ("swiglu", "geglu", "gelu", "relu2")
+NORMS = ("rmsnorm", "layernorm")
+POSITIONS = ("rope", "learned", "none")
+ROUTER_SCORES = ("softmax", "sigmoid")
+LINEAR_RULES = ("mamba2", "gated_delta")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyperparameters in the shape alphabet of `refmodel` (B T S D N K G H F E A R W L V)."""
+
+    name: str = "custom"
+    vocab_size: int = 256  # V
+    d_model: int = 64  # D
+    n_layers: int = 2  # L
+    n_heads: int = 4  # N
+    n_kv_heads: int = 2  # K
+    head_dim: int | None = None  # H; default D // N
+    d_ff: int = 128  # F, dense FFN width
+
+    # Which mixer and FFN each layer runs.
+    attention: str = "gqa"
+    layer_pattern: tuple[str, ...] | None = None
+    ffn: str = "dense"
+    ffn_pattern: tuple[str, ...] | None = None
+    first_dense_layers: int = 0
+
+    # Embedding, norms, positions.
+    tie_embeddings: bool = False
+    norm: str = "rmsnorm"
+    norm_eps: float = 1e-6
+    post_norms: bool = False  # Gemma 2/3: extra norm after the mixer and after the FFN
+    position: str = "rope"
+    max_position: int = 2048  # learned positions only (GPT-2)
+    rope_theta: float = 10_000.0
+    rope_fraction: float = 1.0  # partial rotary (Qwen3-Next: 0.25)
+
+    # Attention details shared by the softmax variants.
+    attn_bias: bool = False  # biases on q, k, v, o (GPT-2, gpt-oss)
+    qk_norm: bool = False  # RMSNorm on q and k per head (Qwen3, Gemma 3)
+    attn_out_gate: bool = False  # sigmoid gate on the attention output (Qwen3-Next)
+    attn_sinks: bool = False  # learned per-head sink logit (gpt-oss)
+    attn_softcap: float | None = None  # Gemma 2: tanh soft-capping of attention logits
+    final_softcap: float | None = None  # Gemma 2: tanh soft-capping of the output logits
+    query_scale: float | None = None  # softmax scale is query_scale**-0.5; default H**-0.5
+
+    # FFN.
+    mlp_act: str = "swiglu"
+    mlp_bias: bool = False
+
+    # Mixture of experts.
+    n_experts: int = 8  # E
+    top_k: int = 2  # A
+    d_ff_expert: int | None = None  # width of one routed expert; default d_ff
+    n_shared_experts: int = 0
+    router_score: str = "softmax"
+    norm_topk: bool = True  # renormalise the top-k weights to sum to 1
+    router_bias: bool = False
+    moe_bias: bool = False  # biases inside each expert (gpt-oss)
+
+    # MLA (DeepSeek V2/V3).
+    q_lora_rank: int = 0  # 0: no query compression
+    kv_lora_rank: int = 32  # R
+    qk_nope_dim: int = 16
+    qk_rope_dim: int = 8
+    v_head_dim: int = 16
+    mla_absorb: bool = False  # decode in the latent space (W_UK into q, W_UV into the output)
+
+    # Sliding window.
+    window: int = 16  # W
+
+    # Sparse (DeepSeek Sparse Attention style top-k selection).
+    sparse_top_k: int = 8
+    indexer_heads: int = 2
+    indexer_dim: int = 16
+
+    # Linear attention / state space (Mamba-2 SSD, gated DeltaNet).
+    linear_rule: str = "gated_delta"
+    linear_k_heads: int = 2  # heads of the key/query (Mamba-2: groups of B and C)
+    linear_v_heads: int = 4  # heads of the value (Mamba-2: SSM heads)
+    linear_key_dim: int = 16  # per-head key dim (Mamba-2: state size)
+    linear_value_dim: int = 16  # per-head value dim (Mamba-2: head dim)
+    linear_conv: int = 4  # short causal convolution width
+    linear_chunk: int = 8  # chunk length of the parallel (prefill) form
+
+    dtype: str = "float32"  # parameters and caches
+
+    def __post_init__(self):
+        for f in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff"):
+            _positive(f, getattr(self, f))
+        if self.head_dim is not None:
+            _positive("head_dim", self.head_dim)
+        elif self.d_model % self.n_heads:
+            raise ValueError(
+                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: "
+                "set head_dim explicitly or choose n_heads dividing d_model"
+            )
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}: "
+                f"allowed n_kv_heads are the divisors of {self.n_heads}"
+            )
+        _one_of("ffn", self.ffn, FFN_KINDS[:2])
+        _one_of("mlp_act", self.mlp_act, MLP_ACTS)
+        _one_of("norm", self.norm, NORMS)
+        _one_of("position", self.position, POSITIONS)
+        _one_of("router_score", self.router_score, ROUTER_SCORES)
+        _one_of("linear_rule", self.linear_rule, LINEAR_RULES)
+        _one_of("dtype", self.dtype, DTYPES)
+        self._check_patterns()
+        if not 0 <= self.first_dense_layers <= self.n_layers:
+            raise ValueError(
+                f"first_dense_layers={self.first_dense_layers} must be in [0, n_layers="
+                f"{self.n_layers}]"
+            )
+        if "moe" in self.layer_ffns:
+            _positive("n_experts", self.n_experts)
+            if not 1 <= self.top_k <= self.n_experts:
+                raise ValueError(
+                    f"top_k={self.top_k} must be in [1, n_experts={self.n_experts}]"
+                )
+            if self.n_shared_experts < 0:
+                raise ValueError(f"n_shared_experts={self.n_shared_experts} must be >= 0")
+        if not 0 < self.rope_fraction <= 1:
+            raise ValueError(f"rope_fraction={self.rope_fraction} must be in (0, 1]")
+        if self.position == "rope" and self.rotary_dim % 2:
+            raise ValueError(
+                f"rope_fraction={self.rope_fraction} x head_dim={self.head_size} gives an odd "
+                f"rotary dim {self.rotary_dim}; it must be even"
+            )
+        kinds = set(self.layer_kinds)
+        if "mla" in kinds:
+            for f in ("kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "v_head_dim"):
+                _positive(f, getattr(self, f))
+            if self.qk_rope_dim % 2:
+                raise ValueError(f"qk_rope_dim={self.qk_rope_dim} must be even (RoPE pairs)")
+        if "sliding" in kinds:
+            _positive("window", self.window)
+        if "sparse" in kinds:
+            for f in ("sparse_top_k", "indexer_heads", "indexer_dim"):
+                _positive(f, getattr(self, f))
+        if "linear" in kinds:
+            for f in ("linear_k_heads", "linear_v_heads", "linear_key_dim",
+                      "linear_value_dim", "linear_conv", "linear_chunk"):
+                _positive(f, getattr(self, f))
+            if self.linear_v_heads % self.linear_k_heads:
+                raise ValueError(
+                    f"linear_v_heads={self.linear_v_heads} is not divisible by "
+                    f"linear_k_heads={self.linear_k_heads}"
+                )
+
+    def _check_patterns(self):
+        from refmodel.attention import registered  # late import: variants register themselves
+
+        allowed = tuple(registered()) + ("none",)
+        _one_of("attention", self.attention, allowed[:-1])
+        if self.layer_pattern is not None:
+            if not isinstance(self.layer_pattern, tuple) or not self.layer_pattern:
+                raise ValueError(
+                    f"layer_pattern={self.layer_pattern!r} must be a non-empty tuple of kinds"
+                )
+            for kind in self.layer_pattern:
+                _one_of("layer_pattern", kind, allowed)
+        if self.ffn_pattern is not None:
+            if not isinstance(self.ffn_pattern, tuple) or not self.ffn_pattern:
+                raise ValueError(
+                    f"ffn_pattern={self.ffn_pattern!r} must be a non-empty tuple of kinds"
+                )
+            for kind in self.ffn_pattern:
+                _one_of("ffn_pattern", kind, FFN_KINDS)
+
+    # Derived values --------------------------------------------------------------------------
+
+    @property
+    def head_size(self) -> int:  # H
+        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+    @property
+    def groups(self) -> int:  # G = N / K
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def expert_width(self) -> int:
+        return self.d_ff_expert if self.d_ff_expert is not None else self.d_ff
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(round(self.head_size * self.rope_fraction))
+
+    @property
+    def softmax_scale(self) -> float:
+        return (self.query_scale if self.query_scale is not None else self.head_size) ** -0.5
+
+    @property
+    def layer_kinds(self) -> tuple[str, ...]:
+        """Mixer kind of each of the L layers ("none" = no mixer)."""
+        pattern = self.layer_pattern or (self.attention,)
+        return tuple(pattern[i % len(pattern)] for i in range(self.n_layers))
+
+    @property
+    def layer_ffns(self) -> tuple[str, ...]:
+        """FFN kind of each of the L layers: "dense", "moe" or "none"."""
+        pattern = self.ffn_pattern or (self.ffn,)
+        return tuple(
+            "dense" if i < self.first_dense_layers and pattern[i % len(pattern)] != "none"
+            else pattern[i % len(pattern)]
+            for i in range(self.n_layers)
+        )
+
+    def replace(self, **changes) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def _positive(field: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{field}={value!r} must be a positive integer")
+
+
+def _one_of(field: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{field}={value!r} is not allowed; choose one of {sorted(allowed)}")

@@ -1,0 +1,94 @@
+"""Primitives of the analytic cost model: a `Cost` per named op and the dtypes it is counted in.
+
+Conventions (the same in every formula of the package):
+- FLOPs: a multiply-add is 2 FLOPs; a matmul [m, k] x [k, n] is 2*m*k*n. Elementwise work
+  (softmax, norms, RoPE, activations) is counted as `elementwise` FLOPs per element with the
+  per-op constants stated beside each formula, so the compiler cross-check can explain them.
+- Bytes are what an op must move to and from memory at least once: every weight it reads
+  (`weight_bytes`), every cache entry it reads or writes (`kv_bytes`), and its input and output
+  activations (`act_bytes`). Caches inside one fused kernel are not re-counted.
+- Attention counts the work the code executes: a query block attends to every cached key
+  position (masked entries included), so prefill of T tokens into a cache of T counts T x T.
+  A causal-skipping kernel would do about half of that; the difference is a lesson, not a bug.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1, "int8": 1, "int4": 0.5}
+
+
+@dataclass(frozen=True)
+class Dtypes:
+    """Storage dtypes the bytes are counted in: weights, KV cache, activations."""
+
+    weight: str = "float32"
+    kv: str = "float32"
+    act: str = "float32"
+
+    def __post_init__(self):
+        for field in ("weight", "kv", "act"):
+            value = getattr(self, field)
+            if value not in BYTES:
+                raise ValueError(f"{field} dtype {value!r} is not one of {sorted(BYTES)}")
+
+    @property
+    def w(self) -> float:
+        return BYTES[self.weight]
+
+    @property
+    def c(self) -> float:
+        return BYTES[self.kv]
+
+    @property
+    def a(self) -> float:
+        return BYTES[self.act]
+
+
+@dataclass(frozen=True)
+class Cost:
+    """FLOPs and bytes of one op (or a sum of ops)."""
+
+    flops: float = 0.0
+    weight_bytes: float = 0.0
+    kv_bytes: float = 0.0
+    act_bytes: float = 0.0
+
+    @property
+    def bytes(self) -> float:
+        return self.weight_bytes + self.kv_bytes + self.act_bytes
+
+    @property
+    def intensity(self) -> float:
+        """Arithmetic intensity, FLOPs per byte."""
+        return self.flops / self.bytes if self.bytes else float("inf")
+
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+
+    def __mul__(self, k: float) -> Cost:
+        return Cost(*(a * k for a in dataclasses.astuple(self)))
+
+    __rmul__ = __mul__
+
+    def as_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "bytes": self.bytes}
+
+
+def matmul(m: float, k: float, n: float, dt: Dtypes, *, weight: bool = True) -> Cost:
+    """[m, k] activations times a [k, n] weight: 2mkn FLOPs, reads the weight once."""
+    return Cost(
+        flops=2.0 * m * k * n,
+        weight_bytes=k * n * dt.w if weight else 0.0,
+        act_bytes=(m * k + m * n) * dt.a,
+    )
+
+
+def total(ops: dict[str, Cost]) -> Cost:
+    """Sum of a dict of named ops."""
+    out = Cost()
+    for cost in ops.values():
+        out = out + cost
+    return out

@@ -1,0 +1,104 @@
+"""Small building blocks shared by the model: parameter init, norms, the dense FFN.
+
+The dense FFN is SwiGLU (Shazeer 2020, "GLU Variants Improve Transformer") as in Llama, GeGLU
+as in Gemma, GELU as in GPT-2, or squared ReLU as in Nemotron-H (So et al. 2021, "Primer").
+Weights are stored input-major, `[D, F]` and `[F, D]`, and named by the einsum they enter.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from refmodel.config import ModelConfig
+from refmodel.costing import Cost, Dtypes, matmul
+
+GATED = ("swiglu", "geglu")
+
+
+def param(rngs: nnx.Rngs, shape: tuple[int, ...], fan_in: int, dtype) -> nnx.Param:
+    """A weight drawn from N(0, 1/fan_in): unit-variance activations at any width."""
+    return nnx.Param(jax.random.normal(rngs.params(), shape, dtype) * fan_in**-0.5)
+
+
+def zeros(shape: tuple[int, ...], dtype) -> nnx.Param:
+    return nnx.Param(jnp.zeros(shape, dtype))
+
+
+def norm(cfg: ModelConfig, dim: int, rngs: nnx.Rngs) -> nnx.Module:
+    """RMSNorm (scale only) or LayerNorm (scale and bias), as the config says."""
+    dtype = jnp.dtype(cfg.dtype)
+    if cfg.norm == "layernorm":
+        return nnx.LayerNorm(dim, epsilon=cfg.norm_eps, dtype=dtype, param_dtype=dtype, rngs=rngs)
+    return nnx.RMSNorm(dim, epsilon=cfg.norm_eps, dtype=dtype, param_dtype=dtype, rngs=rngs)
+
+
+def norm_params(cfg: ModelConfig, dim: int) -> int:
+    return 2 * dim if cfg.norm == "layernorm" else dim
+
+
+def activation(name: str, x: jax.Array) -> jax.Array:
+    if name in ("swiglu",):
+        return jax.nn.silu(x)
+    if name in ("geglu", "gelu"):
+        return jax.nn.gelu(x, approximate=True)
+    if name == "relu2":
+        return jnp.square(jax.nn.relu(x))
+    raise ValueError(f"mlp_act={name!r} is not one of swiglu, geglu, gelu, relu2")
+
+
+class DenseFFN(nnx.Module):
+    """x -> W_down act(x W_gate) * (x W_up), or W_down act(x W_up) when not gated."""
+
+    def __init__(self, cfg: ModelConfig, width: int, *, rngs: nnx.Rngs):
+        dtype, D = jnp.dtype(cfg.dtype), cfg.d_model
+        self.act = cfg.mlp_act
+        if cfg.mlp_act in GATED:
+            self.w_gate = param(rngs, (D, width), D, dtype)  # [D, F]
+        self.w_up = param(rngs, (D, width), D, dtype)  # [D, F]
+        self.w_down = param(rngs, (width, D), width, dtype)  # [F, D]
+        if cfg.mlp_bias:
+            self.b_up = zeros((width,), dtype)
+            self.b_down = zeros((D,), dtype)
+        self.bias = cfg.mlp_bias
+
+    def __call__(self, x: jax.Array) -> jax.Array:  # [..., D] -> [..., D]
+        with jax.named_scope("ffn_up"):
+            up = x @ self.w_up[...]  # [..., F]
+            if self.bias:
+                up = up + self.b_up[...]
+            if self.act in GATED:
+                h = activation(self.act, x @ self.w_gate[...]) * up
+            else:
+                h = activation(self.act, up)
+        with jax.named_scope("ffn_down"):
+            y = h @ self.w_down[...]  # [..., D]
+            if self.bias:
+                y = y + self.b_down[...]
+        return y
+
+    # Costs ------------------------------------------------------------------------------------
+
+    @staticmethod
+    def param_count(cfg: ModelConfig, width: int) -> int:
+        n_in = 2 if cfg.mlp_act in GATED else 1
+        bias = (width + cfg.d_model) if cfg.mlp_bias else 0
+        return (n_in + 1) * cfg.d_model * width + bias
+
+    @staticmethod
+    def costs(cfg: ModelConfig, width: int, tokens: float, dt: Dtypes) -> dict[str, Cost]:
+        """One dense FFN applied to `tokens` tokens: up (and gate) projection, then down.
+
+        Elementwise: activation and gating count 1 FLOP per element of [tokens, F] each
+        (the activation's own transcendental work is reported by XLA as `transcendentals`).
+        """
+        D, n_in = cfg.d_model, (2 if cfg.mlp_act in GATED else 1)
+        up = matmul(tokens, D, n_in * width, dt)
+        up = up + Cost(flops=n_in * tokens * width)  # activation (+ gate product)
+        if cfg.mlp_bias:
+            up = up + Cost(flops=tokens * width, weight_bytes=width * dt.w)
+        down = matmul(tokens, width, D, dt)
+        if cfg.mlp_bias:
+            down = down + Cost(flops=tokens * D, weight_bytes=D * dt.w)
+        return {"ffn_up": up, "ffn_down": down}

@@ -1,0 +1,139 @@
+"""The reference transformer: embedding, L blocks of (mixer, FFN), final norm, LM head.
+
+A pre-norm decoder in the style of GPT-2 / Llama (Radford et al. 2019; Touvron et al. 2023):
+each block adds its mixer's output (an attention variant from the registry, or nothing) and
+then its FFN's output (dense, MoE, or nothing) to the residual stream. The per-layer caches
+live in one explicit immutable pytree, `Cache`, passed in and returned; the position of the
+next token is a field of that pytree, advanced by the caller of the layers, never by a layer.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from refmodel import attention
+from refmodel.config import ModelConfig
+from refmodel.layers import DenseFFN, norm, param
+from refmodel.moe import MoE
+
+
+@struct.dataclass
+class Cache:
+    """Every layer's cache plus the number of tokens already processed."""
+
+    layers: tuple  # one variant cache (or None for a layer without a mixer) per layer
+    pos: jax.Array  # int32 []: position of the next token
+    max_len: int | None = struct.field(pytree_node=False, default=None)  # None: unbounded
+
+
+class Block(nnx.Module):
+    """x + mixer(norm(x)), then x + ffn(norm(x)); Gemma adds a norm after each."""
+
+    def __init__(self, cfg: ModelConfig, layer: int, *, rngs: nnx.Rngs):
+        D = cfg.d_model
+        self.kind, self.ffn_kind = cfg.layer_kinds[layer], cfg.layer_ffns[layer]
+        self.post_norms = cfg.post_norms
+        if self.kind != "none":
+            self.attn_norm = norm(cfg, D, rngs)
+            self.attn = attention.get(self.kind)(cfg, kind=self.kind, rngs=rngs)
+            if cfg.post_norms:
+                self.attn_post_norm = norm(cfg, D, rngs)
+        if self.ffn_kind != "none":
+            self.ffn_norm = norm(cfg, D, rngs)
+            self.ffn = MoE(cfg, rngs=rngs) if self.ffn_kind == "moe" \
+                else DenseFFN(cfg, cfg.d_ff, rngs=rngs)
+            if cfg.post_norms:
+                self.ffn_post_norm = norm(cfg, D, rngs)
+
+    def mix(self, x: jax.Array, start: jax.Array, cache):  # [B, T, D] -> [B, T, D]
+        if self.kind == "none":
+            return x, cache
+        with jax.named_scope("attention"):
+            h, cache = self.attn(self.attn_norm(x), start, cache)
+            if self.post_norms:
+                h = self.attn_post_norm(h)
+        return x + h, cache
+
+    def feed(self, x: jax.Array) -> jax.Array:  # [B, T, D] -> [B, T, D]
+        if self.ffn_kind == "none":
+            return x
+        with jax.named_scope("ffn"):
+            h = self.ffn(self.ffn_norm(x))
+            if self.post_norms:
+                h = self.ffn_post_norm(h)
+        return x + h
+
+
+class Transformer(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        V, D, dtype = cfg.vocab_size, cfg.d_model, jnp.dtype(cfg.dtype)
+        self.cfg = cfg
+        self.embed = nnx.Embed(V, D, param_dtype=dtype, dtype=dtype,
+                               embedding_init=nnx.initializers.normal(1.0), rngs=rngs)
+        if cfg.position == "learned":
+            self.pos_embed = param(rngs, (cfg.max_position, D), 1, dtype)  # [P, D]
+        self.blocks = nnx.List([Block(cfg, i, rngs=rngs) for i in range(cfg.n_layers)])
+        self.final_norm = norm(cfg, D, rngs)
+        if not cfg.tie_embeddings:
+            self.lm_head = param(rngs, (D, V), D, dtype)  # [D, V]
+
+    def embed_tokens(self, tokens: jax.Array, start: jax.Array) -> jax.Array:
+        """tokens int32 [B, T] -> x [B, T, D]."""
+        with jax.named_scope("embed"):
+            x = self.embed(tokens)
+            if self.cfg.position == "learned":
+                pos = jax.lax.dynamic_slice_in_dim(self.pos_embed[...], start, tokens.shape[1])
+                x = x + pos[None]
+        return x
+
+    def head(self, x: jax.Array) -> jax.Array:
+        """x [B, T, D] -> float32 logits [B, T, V]."""
+        x = self.final_norm(x)
+        with jax.named_scope("lm_head"):
+            if self.cfg.tie_embeddings:
+                logits = self.embed.attend(x)
+            else:
+                logits = x @ self.lm_head[...]
+            logits = logits.astype(jnp.float32)
+            if self.cfg.final_softcap is not None:
+                c = self.cfg.final_softcap
+                logits = c * jnp.tanh(logits / c)
+        return logits
+
+    def __call__(self, tokens: jax.Array, cache: Cache | None = None):
+        """tokens [B, T] -> (logits [B, T, V], cache advanced by T); no cache: causal forward."""
+        start = jnp.zeros((), jnp.int32) if cache is None else cache.pos
+        x = self.embed_tokens(tokens, start)
+        layers = []
+        for i, block in enumerate(self.blocks):
+            x, c = block.mix(x, start, None if cache is None else cache.layers[i])
+            x = block.feed(x)
+            layers.append(c)
+        logits = self.head(x)
+        if cache is None:
+            return logits, None
+        return logits, cache.replace(layers=tuple(layers), pos=cache.pos + tokens.shape[1])
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int) -> Cache:
+    """An empty cache for `batch` sequences of at most `max_len` tokens (a sliding window or a
+    recurrent state holds less whatever max_len is; only full attention is bounded by it)."""
+    if not isinstance(batch, int) or batch <= 0:
+        raise ValueError(f"batch={batch!r} must be a positive integer")
+    if not isinstance(max_len, int) or max_len <= 0:
+        raise ValueError(f"max_len={max_len!r} must be a positive integer")
+    if cfg.position == "learned" and max_len > cfg.max_position:
+        raise ValueError(f"max_len={max_len} exceeds max_position={cfg.max_position} of the "
+                         "learned position embedding")
+    layers, bounded = [], cfg.position == "learned"
+    for kind in cfg.layer_kinds:
+        if kind == "none":
+            layers.append(None)
+            continue
+        cls = attention.get(kind)
+        layers.append(cls.init_cache(cfg, kind, batch, max_len))
+        bounded |= cls.capacity_bound
+    return Cache(layers=tuple(layers), pos=jnp.zeros((), jnp.int32),
+                 max_len=max_len if bounded else None)

@@ -1,0 +1,136 @@
+"""Mixture-of-experts FFN: a top-k router and dispatch whose work is proportional to routing.
+
+Shazeer et al. 2017 (sparsely-gated MoE), Mixtral (Jiang et al. 2024: softmax top-2 of 8),
+DeepSeekMoE / V3 (shared experts, sigmoid scores with normalised top-k weights), gpt-oss
+(biases inside each expert). Each of the M tokens picks A of E experts; the M*A (token, expert)
+pairs are sorted by expert and run as one grouped matmul (`jax.lax.ragged_dot`), so no expert
+runs on a token that did not choose it. In decode a batch of B tokens touches about
+E (1 - (1 - A/E)^B) distinct experts: that, not E, is what a decode step must read.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from refmodel.config import ModelConfig
+from refmodel.costing import Cost, Dtypes, matmul
+from refmodel.layers import GATED, DenseFFN, activation, param, zeros
+
+
+def expected_distinct_experts(tokens: float, n_experts: int, top_k: int) -> float:
+    """Expected number of distinct experts that `tokens` tokens, each choosing top_k of
+    n_experts uniformly, touch: E (1 - (1 - A/E)^tokens)."""
+    return n_experts * (1.0 - (1.0 - top_k / n_experts) ** tokens)
+
+
+class MoE(nnx.Module):
+    """Routed experts (and optional always-on shared experts) replacing the dense FFN."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        D, E, F = cfg.d_model, cfg.n_experts, cfg.expert_width
+        dtype = jnp.dtype(cfg.dtype)
+        self.cfg = cfg
+        self.w_router = param(rngs, (D, E), D, dtype)  # [D, E]
+        if cfg.router_bias:
+            self.b_router = zeros((E,), dtype)
+        if cfg.mlp_act in GATED:
+            self.w_gate = param(rngs, (E, D, F), D, dtype)  # [E, D, F]
+        self.w_up = param(rngs, (E, D, F), D, dtype)  # [E, D, F]
+        self.w_down = param(rngs, (E, F, D), F, dtype)  # [E, F, D]
+        if cfg.moe_bias:
+            if cfg.mlp_act in GATED:
+                self.b_gate = zeros((E, F), dtype)
+            self.b_up, self.b_down = zeros((E, F), dtype), zeros((E, D), dtype)
+        self.shared = (DenseFFN(cfg, cfg.n_shared_experts * F, rngs=rngs)
+                       if cfg.n_shared_experts else None)
+
+    def route(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """x [M, D] -> top-k weights [M, A] and expert indices [M, A]."""
+        cfg = self.cfg
+        with jax.named_scope("router"):
+            logits = x @ self.w_router[...]  # [M, E]
+            if cfg.router_bias:
+                logits = logits + self.b_router[...]
+            logits = logits.astype(jnp.float32)
+            scores = jax.nn.softmax(logits) if cfg.router_score == "softmax" \
+                else jax.nn.sigmoid(logits)
+            weights, idx = jax.lax.top_k(scores, cfg.top_k)  # [M, A]
+            if cfg.norm_topk:
+                weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+        return weights.astype(x.dtype), idx
+
+    def __call__(self, x: jax.Array) -> jax.Array:  # [..., D] -> [..., D]
+        cfg, shape = self.cfg, x.shape
+        x = x.reshape(-1, shape[-1])  # [M, D]
+        weights, idx = self.route(x)
+        A, E = cfg.top_k, cfg.n_experts
+        with jax.named_scope("dispatch"):
+            flat = idx.reshape(-1)  # [M*A]
+            order = jnp.argsort(flat, stable=True)  # pairs sorted by expert
+            token = order // A  # token of each sorted pair
+            expert = flat[order]  # [M*A]
+            sizes = jnp.bincount(flat, length=E).astype(jnp.int32)  # tokens per expert [E]
+            xs = x[token]  # [M*A, D]
+        with jax.named_scope("ffn_up"):
+            up = jax.lax.ragged_dot(xs, self.w_up[...], sizes)  # [M*A, F]
+            if cfg.moe_bias:
+                up = up + self.b_up[...][expert]
+            if cfg.mlp_act in GATED:
+                gate = jax.lax.ragged_dot(xs, self.w_gate[...], sizes)
+                if cfg.moe_bias:
+                    gate = gate + self.b_gate[...][expert]
+                h = activation(cfg.mlp_act, gate) * up
+            else:
+                h = activation(cfg.mlp_act, up)
+        with jax.named_scope("ffn_down"):
+            ys = jax.lax.ragged_dot(h, self.w_down[...], sizes)  # [M*A, D]
+            if cfg.moe_bias:
+                ys = ys + self.b_down[...][expert]
+        with jax.named_scope("combine"):
+            ys = ys * weights.reshape(-1)[order][:, None]
+            y = jnp.zeros_like(x).at[token].add(ys)  # [M, D]
+        if self.shared is not None:
+            with jax.named_scope("shared_experts"):
+                y = y + self.shared(x)
+        return y.reshape(shape)
+
+    # Costs ------------------------------------------------------------------------------------
+
+    @staticmethod
+    def param_counts(cfg: ModelConfig) -> dict[str, int]:
+        """Per-layer {router, experts (all E), expert (one), shared} element counts."""
+        D, E, F = cfg.d_model, cfg.n_experts, cfg.expert_width
+        n_in = 2 if cfg.mlp_act in GATED else 1
+        one = (n_in + 1) * D * F + ((n_in * F + D) if cfg.moe_bias else 0)
+        shared = (DenseFFN.param_count(cfg, cfg.n_shared_experts * F)
+                  if cfg.n_shared_experts else 0)
+        return {"router": D * E + (E if cfg.router_bias else 0), "experts": E * one,
+                "expert": one, "shared": shared}
+
+    @staticmethod
+    def costs(cfg: ModelConfig, tokens: float, dt: Dtypes) -> dict[str, Cost]:
+        """MoE on `tokens` tokens: every token runs A experts; the weights read are those of
+        the expected number of distinct experts the tokens touch (not all E, not one)."""
+        D, E, A, F = cfg.d_model, cfg.n_experts, cfg.top_k, cfg.expert_width
+        n_in = 2 if cfg.mlp_act in GATED else 1
+        touched = expected_distinct_experts(tokens, E, A)
+        pairs = tokens * A
+        router = matmul(tokens, D, E, dt) + Cost(flops=SCORE_FLOPS * tokens * E)
+        up = matmul(pairs, D, n_in * F, dt, weight=False) + Cost(
+            flops=n_in * pairs * F, weight_bytes=touched * n_in * D * F * dt.w)
+        down = matmul(pairs, F, D, dt, weight=False) + Cost(
+            flops=2 * pairs * D, weight_bytes=touched * F * D * dt.w)  # + weighted combine
+        if cfg.moe_bias:
+            up = up + Cost(flops=n_in * pairs * F, weight_bytes=touched * n_in * F * dt.w)
+            down = down + Cost(flops=pairs * D, weight_bytes=touched * D * dt.w)
+        ops = {"router": router, "ffn_up": up, "ffn_down": down}
+        if cfg.n_shared_experts:
+            shared = DenseFFN.costs(cfg, cfg.n_shared_experts * F, tokens, dt)
+            ops["shared_experts"] = shared["ffn_up"] + shared["ffn_down"]
+        return ops
+
+
+# Router elementwise FLOPs per (token, expert) score: softmax or sigmoid and the top-k compare.
+SCORE_FLOPS = 5

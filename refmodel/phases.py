@@ -1,0 +1,113 @@
+"""The phases of inference as pure functions of the split model state, each jittable alone.
+
+`prefill` (a prompt chunk into the cache), `decode` (one whole step), and the two halves of a
+decode step the roofline separates: `decode_attention` (every layer's mixer on one token per
+sequence, reading the cache) and `decode_ffn` (every layer's FFN on one token per sequence,
+reading the FFN weights). The names are fixed: the same strings name the `jax.named_scope`s
+in the code, the cost model's phases (`refmodel.costs`), the benchmark results and the figures.
+
+Everything is a pure function of `(state, inputs, cache)` with the graph definition bound
+statically, and jitted with `jax.jit` (not `nnx.jit`, which copies the module state out of
+every call: METHOD.md measured it 8x slower on the decode step) with the cache donated.
+`Phases(model).jitted[name]` is the very callable that the benchmarks time and that the
+compiler cross-check lowers.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from refmodel.model import Cache
+
+PHASES = ("prefill", "decode_attention", "decode_ffn", "decode")
+
+
+def forward(graphdef, state, tokens):
+    """tokens [B, T] -> logits [B, T, V], causal, no cache."""
+    model = nnx.merge(graphdef, state)
+    with jax.named_scope("forward"):
+        return model(tokens)[0]
+
+
+def prefill(graphdef, state, tokens, cache: Cache):
+    """tokens [B, T] appended to the cache -> (logits [B, T, V], cache)."""
+    model = nnx.merge(graphdef, state)
+    with jax.named_scope("prefill"):
+        return model(tokens, cache)
+
+
+def decode(graphdef, state, token, cache: Cache):
+    """token [B] -> (logits [B, V], cache advanced by one)."""
+    model = nnx.merge(graphdef, state)
+    with jax.named_scope("decode"):
+        logits, cache = model(token[:, None], cache)
+    return logits[:, 0], cache
+
+
+def decode_attention(graphdef, state, x, cache: Cache, layers: tuple[int, ...] | None = None):
+    """Every layer's (or the given layers') residual mixer on x [B, D], at position cache.pos.
+
+    Returns (x [B, D], cache with those layers' entries written). The position is not
+    advanced: this is the attention half of a step, to be timed alone at a fixed context.
+    """
+    model = nnx.merge(graphdef, state)
+    new = list(cache.layers)
+    h = x[:, None]  # [B, 1, D]
+    with jax.named_scope("decode_attention"):
+        for i in layers if layers is not None else range(len(model.blocks)):
+            h, new[i] = model.blocks[i].mix(h, cache.pos, cache.layers[i])
+    return h[:, 0], cache.replace(layers=tuple(new))
+
+
+def decode_ffn(graphdef, state, x, layers: tuple[int, ...] | None = None):
+    """Every layer's (or the given layers') residual FFN on x [B, D] -> [B, D]."""
+    model = nnx.merge(graphdef, state)
+    h = x[:, None]  # [B, 1, D]
+    with jax.named_scope("decode_ffn"):
+        for i in layers if layers is not None else range(len(model.blocks)):
+            h = model.blocks[i].feed(h)
+    return h[:, 0]
+
+
+_PURE = {"forward": forward, "prefill": prefill, "decode": decode,
+         "decode_attention": decode_attention, "decode_ffn": decode_ffn}
+_DONATE = {"prefill": ("cache",), "decode": ("cache",), "decode_attention": ("cache",)}
+
+
+@functools.lru_cache(maxsize=64)
+def jitted(name: str, graphdef, layers: tuple[int, ...] | None = None):
+    """The jitted phase `name` for one graph (cached, so each compiles once per shape)."""
+    fn = functools.partial(_PURE[name], graphdef)
+    if layers is not None:
+        fn = functools.partial(fn, layers=layers)
+    return jax.jit(fn, donate_argnames=_DONATE.get(name, ()))
+
+
+class Phases:
+    """A model split once into (graphdef, state) with its jitted phase functions.
+
+    `phases.jitted["decode"](phases.state, token, cache)` is what the benchmarks time.
+    `phases.layer("decode_ffn", 0)` is the same phase restricted to one layer.
+    """
+
+    def __init__(self, model: nnx.Module):
+        self.cfg = model.cfg
+        self.graphdef, self.state = nnx.split(model)
+        self.jitted = {name: jitted(name, self.graphdef) for name in _PURE}
+
+    def layer(self, name: str, index: int):
+        if name not in ("decode_attention", "decode_ffn"):
+            raise ValueError(f"phase {name!r} has no one-layer form; use decode_attention "
+                             "or decode_ffn")
+        if not 0 <= index < self.cfg.n_layers:
+            raise ValueError(f"layer={index} is not in [0, {self.cfg.n_layers})")
+        return jitted(name, self.graphdef, (index,))
+
+    def hidden(self, batch: int, seed: int = 0) -> jax.Array:
+        """A random residual-stream input x [B, D] for the decode half-phases."""
+        dtype = jnp.dtype(self.cfg.dtype)
+        return jax.random.normal(jax.random.key(seed), (batch, self.cfg.d_model), dtype)
