@@ -66,7 +66,8 @@ class Cost:
         return self.flops / self.bytes if self.bytes else float("inf")
 
     def __add__(self, other: Cost) -> Cost:
-        return Cost(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+        pairs = zip(dataclasses.astuple(self), dataclasses.astuple(other), strict=True)
+        return Cost(*(a + b for a, b in pairs))
 
     def __mul__(self, k: float) -> Cost:
         return Cost(*(a * k for a in dataclasses.astuple(self)))

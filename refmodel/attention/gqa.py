@@ -53,13 +53,13 @@ class GroupedQueryAttention(AttentionLayer):
         self.wv = param(rngs, (D, K, H), D, dtype)  # [D, K, H]
         self.wo = param(rngs, (N, H, D), N * H, dtype)  # [N, H, D]
         if cfg.attn_bias:
-            self.bq, self.bk, self.bv = zeros((N, H), dtype), zeros((K, H), dtype), zeros((K, H), dtype)
-            self.bo = zeros((D,), dtype)
+            self.bq, self.bo = zeros((N, H), dtype), zeros((D,), dtype)
+            self.bk, self.bv = zeros((K, H), dtype), zeros((K, H), dtype)
         if cfg.attn_out_gate:
             self.wg = param(rngs, (D, N, H), D, dtype)  # [D, N, H]
         if cfg.qk_norm:
-            self.q_norm = nnx.RMSNorm(H, epsilon=cfg.norm_eps, dtype=dtype, param_dtype=dtype, rngs=rngs)
-            self.k_norm = nnx.RMSNorm(H, epsilon=cfg.norm_eps, dtype=dtype, param_dtype=dtype, rngs=rngs)
+            self.q_norm = nnx.RMSNorm(H, epsilon=cfg.norm_eps, param_dtype=dtype, rngs=rngs)
+            self.k_norm = nnx.RMSNorm(H, epsilon=cfg.norm_eps, param_dtype=dtype, rngs=rngs)
         if cfg.attn_sinks:
             self.sinks = zeros((N,), dtype)
 
