@@ -22,7 +22,15 @@ Public API (tests, notebooks and microbench use only this):
 """
 
 from refmodel import attention, costing, presets
-from refmodel.api import decode_step, forward, generate, init, init_cache, prefill
+from refmodel.api import (
+    decode_step,
+    forward,
+    generate,
+    init,
+    init_cache,
+    prefill,
+    router_stats,
+)
 from refmodel.config import ModelConfig
 from refmodel.model import Cache, Transformer
 from refmodel.phases import PHASES, Phases
@@ -30,4 +38,5 @@ from refmodel.phases import PHASES, Phases
 __all__ = [
     "PHASES", "Cache", "ModelConfig", "Phases", "Transformer", "attention", "costing",
     "decode_step", "forward", "generate", "init", "init_cache", "prefill", "presets",
+    "router_stats",
 ]

@@ -7,6 +7,8 @@ before anything runs: a sequence that would pass `max_len` raises instead of wra
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -92,3 +94,28 @@ def generate(model: Transformer, prompt, max_new_tokens: int, temperature: float
         if i + 1 < max_new_tokens:  # room was checked above: T + max_new_tokens slots
             logits, cache = step(state, token, cache)
     return jnp.concatenate(out, axis=1)
+
+
+def router_stats(model: Transformer, tokens) -> dict[int, jax.Array]:
+    """Tokens routed to each expert, per MoE layer: {layer: int32 [E]} for tokens [B, T].
+
+    Runs the causal forward block by block and asks each MoE layer's router where its inputs
+    go (the notebooks' view of load balance; nothing here is on a hot path).
+    """
+    graphdef, state = nnx.split(model)
+    return _router_stats(graphdef, state, _tokens(tokens, 2, "tokens"))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _router_stats(graphdef, state, tokens):
+    model = nnx.merge(graphdef, state)
+    x = model.embed_tokens(tokens, jnp.zeros((), jnp.int32))
+    stats = {}
+    for i, block in enumerate(model.blocks):
+        x, _ = block.mix(x, jnp.zeros((), jnp.int32), None)
+        if block.ffn_kind == "moe":
+            h = block.ffn_norm(x).reshape(-1, model.cfg.d_model)
+            _, idx = block.ffn.route(h)
+            stats[i] = jnp.bincount(idx.reshape(-1), length=model.cfg.n_experts)
+        x = block.feed(x)
+    return stats

@@ -74,6 +74,7 @@ class ModelConfig:
     top_k: int = 2  # A
     d_ff_expert: int | None = None  # width of one routed expert; default d_ff
     n_shared_experts: int = 0
+    shared_expert_gate: bool = False  # Qwen3-Next: shared experts' output times sigmoid(x w)
     router_score: str = "softmax"
     norm_topk: bool = True  # renormalise the top-k weights to sum to 1
     router_bias: bool = False

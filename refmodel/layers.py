@@ -38,6 +38,18 @@ def norm_params(cfg: ModelConfig, dim: int) -> int:
     return 2 * dim if cfg.norm == "layernorm" else dim
 
 
+# Elementwise FLOPs per element of each activation as `activation` computes it (exp and tanh
+# are transcendentals, kept out of FLOPs as XLA's cost analysis does): SiLU x * sigmoid(x) =
+# negate, add, divide, multiply = 4; tanh-approximate GELU 0.5 x (1 + tanh(c (x + 0.044715
+# x^3))) = 8; squared ReLU = max, multiply = 2.
+ACT_FLOPS = {"swiglu": 4, "geglu": 8, "gelu": 8, "relu2": 2}
+
+
+def act_flops(name: str) -> int:
+    """FLOPs per FFN hidden element: the activation, plus the gate product when gated."""
+    return ACT_FLOPS[name] + (1 if name in GATED else 0)
+
+
 def activation(name: str, x: jax.Array) -> jax.Array:
     if name in ("swiglu",):
         return jax.nn.silu(x)
@@ -90,15 +102,31 @@ class DenseFFN(nnx.Module):
     def costs(cfg: ModelConfig, width: int, tokens: float, dt: Dtypes) -> dict[str, Cost]:
         """One dense FFN applied to `tokens` tokens: up (and gate) projection, then down.
 
-        Elementwise: activation and gating count 1 FLOP per element of [tokens, F] each
-        (the activation's own transcendental work is reported by XLA as `transcendentals`).
+        Elementwise: ACT_FLOPS per element of [tokens, F] for the activation, plus 1 for the
+        gate product when gated.
         """
         D, n_in = cfg.d_model, (2 if cfg.mlp_act in GATED else 1)
         up = matmul(tokens, D, n_in * width, dt)
-        up = up + Cost(flops=n_in * tokens * width)  # activation (+ gate product)
+        up = up + Cost(flops=act_flops(cfg.mlp_act) * tokens * width)
         if cfg.mlp_bias:
             up = up + Cost(flops=tokens * width, weight_bytes=width * dt.w)
         down = matmul(tokens, width, D, dt)
         if cfg.mlp_bias:
             down = down + Cost(flops=tokens * D, weight_bytes=D * dt.w)
         return {"ffn_up": up, "ffn_down": down}
+
+
+# Norm costs (the norms of `norm()` above) ------------------------------------------------------
+
+# Elementwise FLOPs per normalised element. RMSNorm: square, sum, multiply by the reciprocal
+# root, multiply by the weight = 4. The per-row mean division and rsqrt are left out (XLA
+# reports the rsqrt as a transcendental). Flax's LayerNorm takes mean(x) and mean(x^2) in one
+# pass and applies (x - mean) * (rsqrt * weight) + bias: XLA counts 5 per element (measured on
+# flax 0.12.8), not the textbook 7.
+NORM_FLOPS = {"rmsnorm": 4, "layernorm": 5}
+
+
+def norm_costs(cfg: ModelConfig, dim: int, tokens: float, dt: Dtypes) -> Cost:
+    """One norm over `dim` channels of `tokens` rows: reads its weights, reads and writes x."""
+    return Cost(flops=NORM_FLOPS[cfg.norm] * tokens * dim,
+                weight_bytes=norm_params(cfg, dim) * dt.w, act_bytes=2.0 * tokens * dim * dt.a)

@@ -10,13 +10,15 @@ E (1 - (1 - A/E)^B) distinct experts: that, not E, is what a decode step must re
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from refmodel.config import ModelConfig
 from refmodel.costing import Cost, Dtypes, matmul
-from refmodel.layers import GATED, DenseFFN, activation, param, zeros
+from refmodel.layers import GATED, DenseFFN, act_flops, activation, param, zeros
 
 
 def expected_distinct_experts(tokens: float, n_experts: int, top_k: int) -> float:
@@ -45,6 +47,8 @@ class MoE(nnx.Module):
             self.b_up, self.b_down = zeros((E, F), dtype), zeros((E, D), dtype)
         self.shared = (DenseFFN(cfg, cfg.n_shared_experts * F, rngs=rngs)
                        if cfg.n_shared_experts else None)
+        if cfg.n_shared_experts and cfg.shared_expert_gate:  # Qwen3-Next: sigmoid(x w) gate
+            self.w_shared_gate = param(rngs, (D, 1), D, dtype)  # [D, 1]
 
     def route(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
         """x [M, D] -> top-k weights [M, A] and expert indices [M, A]."""
@@ -93,44 +97,70 @@ class MoE(nnx.Module):
             y = jnp.zeros_like(x).at[token].add(ys)  # [M, D]
         if self.shared is not None:
             with jax.named_scope("shared_experts"):
-                y = y + self.shared(x)
+                shared = self.shared(x)  # [M, D]
+                if cfg.shared_expert_gate:
+                    shared = shared * jax.nn.sigmoid(x @ self.w_shared_gate[...])  # [M, 1]
+                y = y + shared
         return y.reshape(shape)
 
     # Costs ------------------------------------------------------------------------------------
 
     @staticmethod
     def param_counts(cfg: ModelConfig) -> dict[str, int]:
-        """Per-layer {router, experts (all E), expert (one), shared} element counts."""
+        """Per-layer {router, experts (all E), expert (one), shared} element counts (the
+        shared experts' sigmoid gate, if any, is counted with them)."""
         D, E, F = cfg.d_model, cfg.n_experts, cfg.expert_width
         n_in = 2 if cfg.mlp_act in GATED else 1
         one = (n_in + 1) * D * F + ((n_in * F + D) if cfg.moe_bias else 0)
         shared = (DenseFFN.param_count(cfg, cfg.n_shared_experts * F)
                   if cfg.n_shared_experts else 0)
+        if cfg.n_shared_experts and cfg.shared_expert_gate:
+            shared += D
         return {"router": D * E + (E if cfg.router_bias else 0), "experts": E * one,
                 "expert": one, "shared": shared}
 
     @staticmethod
     def costs(cfg: ModelConfig, tokens: float, dt: Dtypes) -> dict[str, Cost]:
-        """MoE on `tokens` tokens: every token runs A experts; the weights read are those of
-        the expected number of distinct experts the tokens touch (not all E, not one)."""
+        """MoE on `tokens` tokens: every token runs A experts (M A pairs); the weights read are
+        those of the expected number of distinct experts the tokens touch (not all E, not one).
+
+        FLOPs are the grouped matmuls' 2 (pairs) D F, i.e. what a true grouped kernel runs. On
+        backends without one (XLA:CPU) `jax.lax.ragged_dot` is lowered to a dense dot over all
+        E experts with a mask, E times these FLOPs: see `refmodel.check`.
+        """
         D, E, A, F = cfg.d_model, cfg.n_experts, cfg.top_k, cfg.expert_width
         n_in = 2 if cfg.mlp_act in GATED else 1
         touched = expected_distinct_experts(tokens, E, A)
         pairs = tokens * A
-        router = matmul(tokens, D, E, dt) + Cost(flops=SCORE_FLOPS * tokens * E)
+        router = matmul(tokens, D, E, dt) + Cost(
+            flops=(SCORE_FLOPS[cfg.router_score] + cfg.router_bias) * tokens * E
+            + (TOPK_NORM_FLOPS * pairs if cfg.norm_topk else 0),
+            weight_bytes=(E * dt.w if cfg.router_bias else 0))
+        # Sort the pairs by expert (XLA counts a compare per element per merge level) and count
+        # them per expert (one add each); gather each pair's token row.
+        sort = pairs * max(1.0, math.ceil(math.log2(max(pairs, 1.0)))) + pairs
+        dispatch = Cost(flops=sort, act_bytes=2.0 * pairs * D * dt.a)
         up = matmul(pairs, D, n_in * F, dt, weight=False) + Cost(
-            flops=n_in * pairs * F, weight_bytes=touched * n_in * D * F * dt.w)
-        down = matmul(pairs, F, D, dt, weight=False) + Cost(
-            flops=2 * pairs * D, weight_bytes=touched * F * D * dt.w)  # + weighted combine
+            flops=act_flops(cfg.mlp_act) * pairs * F, weight_bytes=touched * n_in * D * F * dt.w)
+        down = matmul(pairs, F, D, dt, weight=False) + Cost(weight_bytes=touched * F * D * dt.w)
         if cfg.moe_bias:
             up = up + Cost(flops=n_in * pairs * F, weight_bytes=touched * n_in * F * dt.w)
             down = down + Cost(flops=pairs * D, weight_bytes=touched * D * dt.w)
-        ops = {"router": router, "ffn_up": up, "ffn_down": down}
+        # Weight each pair's output and scatter-add it to its token: 2 FLOPs per element.
+        combine = Cost(flops=2.0 * pairs * D, act_bytes=(pairs + tokens) * D * dt.a)
+        ops = {"router": router, "dispatch": dispatch, "ffn_up": up, "ffn_down": down,
+               "combine": combine}
         if cfg.n_shared_experts:
             shared = DenseFFN.costs(cfg, cfg.n_shared_experts * F, tokens, dt)
             ops["shared_experts"] = shared["ffn_up"] + shared["ffn_down"]
+            if cfg.shared_expert_gate:  # x @ [D, 1], a sigmoid per token, a product per element
+                ops["shared_experts"] += matmul(tokens, D, 1, dt) + Cost(
+                    flops=SCORE_FLOPS["sigmoid"] * tokens + tokens * D)
         return ops
 
 
-# Router elementwise FLOPs per (token, expert) score: softmax or sigmoid and the top-k compare.
-SCORE_FLOPS = 5
+# Router elementwise FLOPs per (token, expert) score (exp is a transcendental): softmax = max,
+# subtract, sum, divide = 4; sigmoid = negate, add, divide = 3. The top-k selection itself is
+# counted as 0 by XLA; renormalising the top-k weights is a sum and a divide per pair.
+SCORE_FLOPS = {"softmax": 4, "sigmoid": 3}
+TOPK_NORM_FLOPS = 2

@@ -23,10 +23,20 @@ from refmodel.config import ModelConfig
 from refmodel.costing import Cost, Dtypes, matmul
 from refmodel.layers import param, zeros
 
-# Elementwise FLOPs per attention score: scale, mask select, max, subtract, exp, sum, divide.
-SOFTMAX_FLOPS = 7
+# Elementwise FLOPs per attention score: scale, mask select, max, subtract, sum, divide. The
+# exp is a transcendental, which XLA's cost analysis (and MFU accounting) keeps out of FLOPs.
+SOFTMAX_FLOPS = 6
+# Soft-capping c * tanh(s / c): a divide and a multiply per score (tanh: a transcendental).
+SOFTCAP_FLOPS = 2
+# A learned sink logit joins each softmax row as one more entry: max, subtract, sum = 3 per row.
+SINK_FLOPS = 3
 # RoPE: 2 multiplies and 1 add per rotated channel.
 ROPE_FLOPS = 3
+# Per-head RMSNorm on q and k (Qwen3, Gemma 3): square, sum, scale, weight = 4 per element.
+QK_NORM_FLOPS = 4
+# Output gate o * sigmoid(g): sigmoid = negate, add, divide (exp: a transcendental), then the
+# product = 4 per element.
+GATE_FLOPS = 4
 
 
 def kv_heads(cfg: ModelConfig, kind: str) -> int:
@@ -160,14 +170,22 @@ def gqa_costs(cfg: ModelConfig, K: int, batch: int, new: int, keys: int,
         qkv = qkv + Cost(flops=M * (N + 2 * K) * H, weight_bytes=(N + 2 * K) * H * dt.w)
     rope_cost = Cost(flops=ROPE_FLOPS * M * (N + K) * cfg.rotary_dim) if cfg.position == "rope" \
         else Cost()
+    qk_norm = Cost(flops=QK_NORM_FLOPS * M * (N + K) * H, weight_bytes=2 * H * dt.w) \
+        if cfg.qk_norm else Cost()
     scores = Cost(flops=2.0 * M * N * keys * H, kv_bytes=batch * keys * K * H * dt.c)
-    softmax = Cost(flops=SOFTMAX_FLOPS * M * N * keys)
+    if cfg.attn_softcap is not None:
+        scores = scores + Cost(flops=SOFTCAP_FLOPS * M * N * keys)
+    softmax = Cost(flops=SOFTMAX_FLOPS * M * N * keys + (SINK_FLOPS * M * N if cfg.attn_sinks
+                                                         else 0))
+    if cfg.attn_sinks:
+        softmax = softmax + Cost(weight_bytes=N * dt.w)
     values = Cost(flops=2.0 * M * N * keys * H, kv_bytes=batch * keys * K * H * dt.c)
     write = Cost(kv_bytes=2.0 * M * K * H * dt.c)
     out = matmul(M, N * H, D, dt)
     if cfg.attn_out_gate:
-        out = out + matmul(M, D, N * H, dt) + Cost(flops=2 * M * N * H)
+        out = out + matmul(M, D, N * H, dt) + Cost(flops=GATE_FLOPS * M * N * H)
     if cfg.attn_bias:
         out = out + Cost(flops=M * D, weight_bytes=D * dt.w)
-    return {"qkv_proj": qkv, "rope": rope_cost, "kv_write": write, "attn_scores": scores,
-            "attn_softmax": softmax, "attn_values": values, "out_proj": out}
+    return {"qkv_proj": qkv, "qk_norm": qk_norm, "rope": rope_cost, "kv_write": write,
+            "attn_scores": scores, "attn_softmax": softmax, "attn_values": values,
+            "out_proj": out}

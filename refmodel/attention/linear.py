@@ -1,0 +1,275 @@
+"""Linear attention / state space: Mamba-2 SSD and the gated delta rule, one layer, one cache.
+
+Mamba-2 (Dao & Gu 2024, "Transformers are SSMs", arXiv:2405.21060) as in Nemotron-H
+(arXiv:2504.03624), and Gated DeltaNet (Yang, Kautz & Hatamizadeh 2024, arXiv:2412.06464) as
+in Qwen3-Next, chosen by `cfg.linear_rule`. Both keep, per value head, a state S [H, P]
+that every token decays and writes (the recurrence and its chunked form: `linear_scan.py`).
+Parameters match Hugging Face's `NemotronHMamba2Mixer` and `Qwen3NextGatedDeltaNet`
+element for element, so counted sizes of real models are right.
+
+The lesson: the cache is a fixed-size state, B (N H P floats + (Q-1) X conv inputs), the same
+after ten tokens or a million (`capacity_bound = False`), so a decode step reads and writes
+the same bytes and does the same FLOPs whatever the context: O(1) per token where softmax
+attention is O(S). Prefill pays C-wide quadratic attention inside each chunk plus one state
+hand-over per chunk; it too is linear in T.
+
+Letters (beside the alphabet): N value heads (Mamba-2's SSM heads), K key heads (Mamba-2's
+groups of B and C), G = N / K, H key dim (Mamba-2's state size), P value dim (Mamba-2's head
+dim), X = 2 K H + N P conv channels, Q conv taps (`linear_conv`). Positions are implicit in
+the recurrence: no RoPE, `cfg.position` is ignored here.
+
+The gated RMSNorm of Mamba-2 is grouped as Nemotron-H's (one RMS per group of G heads, over
+G P channels: norm(y silu(z))); Gated DeltaNet's is per head over P with one weight [P]
+shared by the heads (norm(o) silu(z)).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from refmodel.attention import register
+from refmodel.attention.base import AttentionLayer
+from refmodel.attention.linear_scan import chunked, recurrent
+from refmodel.config import ModelConfig
+from refmodel.costing import Cost, Dtypes, matmul
+from refmodel.layers import param, zeros
+
+STATE_BYTES = 4  # the recurrent state is kept in float32 whatever cfg.dtype
+L2_EPS = 1e-6  # q and k L2 normalisation (Gated DeltaNet), as fla / Hugging Face
+# Elementwise FLOPs per element (constants of the cost formulas below):
+GATE_NORM_FLOPS = 6  # silu(z) 1, product 1, square-and-sum 2, rsqrt scale 1, weight 1
+FEATURE_FLOPS = {"mamba2": 3, "gated_delta": 4}  # per head: softplus(+bias) 2, g 1, sigmoid 1
+L2_FLOPS = 3  # per channel of q and k: square-and-sum 2, scale 1 (q: 1 more, dk**-0.5)
+
+
+@struct.dataclass
+class LinearCache:
+    state: jax.Array  # [B, N, H, P] float32
+    conv: jax.Array  # [B, Q-1, X]: the last Q-1 conv inputs, cfg.dtype
+
+
+def sizes(cfg: ModelConfig) -> tuple[int, int, int, int, int, int]:
+    """N, K, H, P, Q and X = 2 K H + N P (conv channels: x B C for Mamba-2, q k v for GDN)."""
+    N, K = cfg.linear_v_heads, cfg.linear_k_heads
+    H, P, Q = cfg.linear_key_dim, cfg.linear_value_dim, cfg.linear_conv
+    return N, K, H, P, Q, 2 * K * H + N * P
+
+
+def causal_conv(x, state, w, b):
+    """Depthwise causal conv: x [B, T, X] after the Q-1 inputs in state [B, Q-1, X].
+
+    Tap Q-1 of w [X, Q] multiplies the current token (PyTorch's Conv1d with padding Q-1).
+    Returns y [B, T, X] and the new state, the last Q-1 inputs."""
+    T, Q = x.shape[1], w.shape[1]
+    xp = jnp.concatenate([state.astype(x.dtype), x], axis=1)  # [B, Q-1+T, X]
+    y = sum(xp[:, j:j + T] * w[:, j] for j in range(Q))
+    return (y if b is None else y + b), xp[:, T:]
+
+
+def l2norm(x):
+    return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + L2_EPS)
+
+
+def rms(x, eps):
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+
+
+@register("linear")
+class LinearAttention(AttentionLayer):
+    """Gated linear attention with a fixed-size state: Mamba-2 or Gated DeltaNet."""
+
+    capacity_bound = False
+
+    def __init__(self, cfg: ModelConfig, *, kind: str, rngs: nnx.Rngs):
+        D, (N, K, H, P, Q, X) = cfg.d_model, sizes(cfg)
+        dtype = jnp.dtype(cfg.dtype)
+        self.cfg, self.rule = cfg, cfg.linear_rule
+        if self.rule == "mamba2":
+            self.in_proj = param(rngs, (D, 2 * N * P + 2 * K * H + N), D, dtype)  # [D, z x B C dt]
+            self.conv_b = zeros((X,), dtype)  # [X]
+            self.D = nnx.Param(jnp.ones((N,), dtype))  # [N] Mamba's skip, y += D x
+            self.norm = nnx.Param(jnp.ones((N * P,), dtype))  # [N P], RMS per group
+            dt = jnp.exp(jax.random.uniform(rngs.params(), (N,), jnp.float32,
+                                             math.log(1e-3), math.log(1e-1)))
+            dt_bias = dt + jnp.log(-jnp.expm1(-dt))  # softplus(dt_bias) = dt (Mamba's init)
+        else:
+            self.in_proj_qkvz = param(rngs, (D, 2 * K * H + 2 * N * P), D, dtype)  # [D, qkvz]
+            self.in_proj_ba = param(rngs, (D, 2 * N), D, dtype)  # [D, 2 N]
+            self.norm = nnx.Param(jnp.ones((P,), dtype))  # [P], shared by the heads
+            dt_bias = jnp.ones((N,), jnp.float32)
+        self.conv_w = param(rngs, (X, Q), Q, dtype)  # [X, Q]
+        self.dt_bias = nnx.Param(dt_bias.astype(dtype))  # [N]
+        A = jax.random.uniform(rngs.params(), (N,), jnp.float32, 1.0, 16.0)
+        self.A_log = nnx.Param(jnp.log(A).astype(dtype))  # [N]; decay rate exp(A_log)
+        self.out_proj = param(rngs, (N * P, D), N * P, dtype)  # [N P, D]
+
+    # The steps ----------------------------------------------------------------------------------
+
+    def project(self, x):
+        """x [B, T, D] -> z [B, T, N, P] (gate), xc [B, T, X] (conv input), ab [B, T, ...]:
+        dt [B, T, N] (Mamba-2) or b and a [B, T, 2, N] (GDN). HF's layouts of the weights."""
+        B, T, _ = x.shape
+        N, K, H, P, _, X = sizes(self.cfg)
+        G = N // K
+        if self.rule == "mamba2":
+            zxbcdt = x @ self.in_proj[...]
+            z, xc, dt = jnp.split(zxbcdt, [N * P, N * P + X], axis=-1)
+            return z.reshape(B, T, N, P), xc, dt
+        qkvz = (x @ self.in_proj_qkvz[...]).reshape(B, T, K, 2 * H + 2 * G * P)  # per k-head
+        q, k, v, z = jnp.split(qkvz, [H, 2 * H, 2 * H + G * P], axis=-1)
+        xc = jnp.concatenate([q.reshape(B, T, K * H), k.reshape(B, T, K * H),
+                              v.reshape(B, T, N * P)], axis=-1)
+        ba = (x @ self.in_proj_ba[...]).reshape(B, T, K, 2, G)
+        return z.reshape(B, T, N, P), xc, jnp.moveaxis(ba, 3, 2).reshape(B, T, 2, N)
+
+    def features(self, xc, ab):
+        """Conv output xc [B, T, X] (after silu) and ab -> the recurrence's inputs:
+        q, k [B, T, K, H], v [B, T, K, G, P], g, beta [B, T, K, G] (all float32)."""
+        B, T, _ = xc.shape
+        N, K, H, P, _, _ = sizes(self.cfg)
+        xc, ab = xc.astype(jnp.float32), ab.astype(jnp.float32)
+        A = -jnp.exp(self.A_log[...].astype(jnp.float32))  # [N]
+        dt_bias = self.dt_bias[...].astype(jnp.float32)
+        if self.rule == "mamba2":
+            v, k, q = jnp.split(xc, [N * P, N * P + K * H], axis=-1)  # x, B, C
+            beta = jax.nn.softplus(ab + dt_bias)  # dt [B, T, N]
+            g = A * beta
+        else:
+            q, k, v = jnp.split(xc, [K * H, 2 * K * H], axis=-1)
+            q = l2norm(q.reshape(B, T, K, H)) * H**-0.5
+            k = l2norm(k.reshape(B, T, K, H))
+            beta = jax.nn.sigmoid(ab[:, :, 0])  # [B, T, N]
+            g = A * jax.nn.softplus(ab[:, :, 1] + dt_bias)
+        return (q.reshape(B, T, K, H), k.reshape(B, T, K, H), v.reshape(B, T, K, N // K, P),
+                g.reshape(B, T, K, N // K), beta.reshape(B, T, K, N // K))
+
+    def output(self, o, z, dtype):
+        """o [B, T, N, P] (float32), gate z [B, T, N, P] -> [B, T, D]: gated RMSNorm, out_proj."""
+        B, T, N, P = o.shape
+        K, eps, w = self.cfg.linear_k_heads, self.cfg.norm_eps, self.norm[...]
+        z = jax.nn.silu(z.astype(jnp.float32))
+        with jax.named_scope("out_proj"):
+            if self.rule == "mamba2":  # norm(o silu(z)), one RMS per group of G heads
+                y = rms((o * z).reshape(B, T, K, -1), eps).reshape(B, T, N * P) * w
+            else:  # norm(o) silu(z), one RMS per head
+                y = (rms(o, eps) * w * z).reshape(B, T, N * P)
+            return y.astype(dtype) @ self.out_proj[...]
+
+    def __call__(self, x: jax.Array, start: jax.Array, cache: LinearCache | None):
+        B, T, _ = x.shape
+        N, K, H, P, Q, X = sizes(self.cfg)
+        with jax.named_scope("qkv_proj"):
+            z, xc, ab = self.project(x)
+        with jax.named_scope("conv"):
+            conv0 = jnp.zeros((B, Q - 1, X), x.dtype) if cache is None else cache.conv
+            b = self.conv_b[...] if self.rule == "mamba2" else None
+            xc, conv = causal_conv(xc, conv0, self.conv_w[...], b)
+            q, k, v, g, beta = self.features(jax.nn.silu(xc), ab)
+        S0 = jnp.zeros((B, N, H, P), jnp.float32) if cache is None else cache.state
+        S0 = S0.reshape(B, K, N // K, H, P)
+        decode = cache is not None and T == 1
+        with jax.named_scope("state_update" if decode else "chunk_scan"):
+            if decode:
+                o, S = recurrent(self.rule, S0, q, k, v, g, beta)  # [B, 1, K, G, P]
+            else:
+                o, S = chunked(self.rule, S0, q, k, v, g, beta, self.cfg.linear_chunk)
+            if self.rule == "mamba2":
+                o = o + self.D[...].astype(jnp.float32).reshape(K, -1, 1) * v  # skip: D x
+        y = self.output(o.reshape(B, T, N, P), z, x.dtype)
+        if cache is None:
+            return y, None
+        return y, LinearCache(state=S.reshape(B, N, H, P), conv=conv.astype(cache.conv.dtype))
+
+    @classmethod
+    def init_cache(cls, cfg: ModelConfig, kind: str, batch: int, max_len: int) -> LinearCache:
+        """A zero state and conv window; max_len is ignored: the size is fixed."""
+        N, _, H, P, Q, X = sizes(cfg)
+        return LinearCache(state=jnp.zeros((batch, N, H, P), jnp.float32),
+                           conv=jnp.zeros((batch, Q - 1, X), jnp.dtype(cfg.dtype)))
+
+    # Costs ----------------------------------------------------------------------------------
+
+    @classmethod
+    def param_counts(cls, cfg: ModelConfig, kind: str) -> dict[str, int]:
+        """Elements per parameter, named as the module's attributes (HF: the same tensors)."""
+        D, (N, K, H, P, Q, X) = cfg.d_model, sizes(cfg)
+        if cfg.linear_rule == "mamba2":
+            out = {"in_proj": D * (2 * N * P + 2 * K * H + N), "conv_w": X * Q, "conv_b": X,
+                   "D": N, "norm": N * P}
+        else:
+            out = {"in_proj_qkvz": D * (2 * K * H + 2 * N * P), "in_proj_ba": D * 2 * N,
+                   "conv_w": X * Q, "norm": P}
+        return {**out, "dt_bias": N, "A_log": N, "out_proj": N * P * D}
+
+    @classmethod
+    def cache_bytes(cls, cfg: ModelConfig, kind: str, batch: int, context: int,
+                    dt: Dtypes) -> float:
+        """Independent of context: a float32 state and Q-1 conv inputs in the cache dtype."""
+        N, _, H, P, Q, X = sizes(cfg)
+        return batch * (N * H * P * STATE_BYTES + (Q - 1) * X * dt.c)
+
+    @classmethod
+    def costs(cls, cfg: ModelConfig, kind: str, batch: int, new: int, context: int,
+              dt: Dtypes) -> dict[str, Cost]:
+        """One layer on `new` tokens per sequence; `context` does not enter any term.
+
+        new == 1 is decode (the recurrence, "state_update"); new > 1 is prefill by chunks
+        ("chunk_scan"), counted over the padded length as executed."""
+        D, (N, K, H, P, Q, X) = cfg.d_model, sizes(cfg)
+        M, rule = batch * new, cfg.linear_rule
+        width = 2 * N * P + 2 * K * H + (N if rule == "mamba2" else 2 * N)
+        proj = matmul(M, D, width, dt)
+        bias = rule == "mamba2"
+        conv = Cost(flops=M * X * (2 * Q + bias + 1),  # Q multiply-adds, bias, silu
+                    weight_bytes=X * (Q + bias) * dt.w,
+                    kv_bytes=2 * batch * (Q - 1) * X * dt.c,  # read and write the window
+                    act_bytes=2 * M * X * dt.a)
+        conv = conv + Cost(flops=M * N * FEATURE_FLOPS[rule] + (
+            M * K * H * (2 * L2_FLOPS + 1) if rule == "gated_delta" else 0))
+        out = matmul(M, N * P, D, dt) + Cost(flops=GATE_NORM_FLOPS * M * N * P,
+                                             weight_bytes=cls.param_counts(cfg, kind)["norm"]
+                                             * dt.w)
+        ops = {"qkv_proj": proj, "conv": conv}
+        if new == 1:
+            ops["state_update"] = state_update_cost(cfg, batch, dt)
+        else:
+            ops["chunk_scan"] = chunk_scan_cost(cfg, batch, new, dt)
+        ops["out_proj"] = out
+        return ops
+
+
+def state_update_cost(cfg: ModelConfig, batch: int, dt: Dtypes) -> Cost:
+    """One token per sequence through `recurrent`, per value head: decay H P, rank-1 write
+    2 H P, read q S 2 H P, u = beta v P (+ delta rule: k S 2 H P and v - k S P; Mamba-2:
+    skip D x 2 P). The state is read and written once: 2 N H P float32 per sequence."""
+    N, K, H, P, _, _ = sizes(cfg)
+    per_head = 5 * H * P + P + (2 * H * P + P if cfg.linear_rule == "gated_delta" else 2 * P)
+    return Cost(flops=batch * N * per_head,
+                kv_bytes=2 * batch * N * H * P * STATE_BYTES,
+                act_bytes=batch * (2 * K * H + 2 * N * P + 2 * N) * dt.a)
+
+
+def chunk_scan_cost(cfg: ModelConfig, batch: int, new: int, dt: Dtypes) -> Cost:
+    """`chunked` on `new` tokens padded to M chunks of C. Per chunk: q k^T per key head
+    2 C^2 H; per value head: decay mask (segsum, exp, product) 3 C^2, q and k decays 2 C H,
+    u = beta v C P, state to output 2 C H P, intra-chunk scores @ u 2 C^2 P, state hand-over
+    2 C H P + 2 H P. The delta rule adds k k^T (2 C^2 H per key head), A 2 C^2, the W
+    right-hand side 2 C H, the triangular solve C^2 (P + H) and u -= W S 2 C H P + C P.
+    The state is read and written once per call (it stays on chip between chunks)."""
+    N, K, H, P, _, _ = sizes(cfg)
+    C = cfg.linear_chunk
+    M = -(-new // C)
+    per_key = 2 * C * C * H
+    per_value = 3 * C * C + 2 * C * H + C * P + 4 * C * H * P + 2 * C * C * P + 2 * H * P
+    if cfg.linear_rule == "gated_delta":
+        per_key += 2 * C * C * H
+        per_value += 2 * C * C + 2 * C * H + C * C * (P + H) + 2 * C * H * P + C * P
+    else:
+        per_value += 2 * C * P  # skip D x
+    return Cost(flops=batch * M * (K * per_key + N * per_value),
+                kv_bytes=2 * batch * N * H * P * STATE_BYTES,
+                act_bytes=batch * new * (2 * K * H + 2 * N * P + 2 * N) * dt.a)

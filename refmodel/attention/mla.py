@@ -1,0 +1,235 @@
+"""Multi-head latent attention (MLA): DeepSeek-V2 (arXiv:2405.04434) and DeepSeek-V3
+(arXiv:2412.19437).
+
+Keys and values are not cached per head. Each token is compressed to one latent
+c = RMSNorm(x W_DKV) of rank R (kv_lora_rank) plus one decoupled RoPE key of Q channels
+(qk_rope_dim) shared by all N heads, so the cache holds R + Q numbers per token per layer
+(DeepSeek-V3: 512 + 64 = 576, against 2 N H = 32,768 for MHA at N = 128, H = 128). The per-head
+keys and values are linear in the latent: k_nope = c W_UK, v = c W_UV, with W_UK and W_UV the
+two halves of `wkv_b` [R, N, P + U].
+
+Letters local to this file (the rest are the package alphabet, `refmodel/__init__.py`):
+C q_lora_rank (compressed query), P qk_nope_dim, Q qk_rope_dim, U v_head_dim,
+H = P + Q the query/key head dim (as in GQA). Softmax scale H**-0.5 (no YaRN mscale).
+
+Two ways to attend, selected by `cfg.mla_absorb` (both give the same logits):
+
+- naive: expand every cached latent to per-head keys [B, S, N, P] and values [B, S, N, U]
+  through `wkv_b` on every call ("kv_expand": 2 B S R N (P + U) FLOPs), then standard
+  attention with head dims H and U;
+- absorbed: fold W_UK into the query (q_latent = q_nope W_UK, [B, T, N, R]) and W_UV into the
+  output ("absorb"), so scores = q_latent . c + q_rope . k_rope and the softmax-weighted sum
+  runs over the latents themselves; no per-head key or value ever exists.
+
+The lesson is the decode intensity of the absorbed form. One decode step (B sequences, one new
+token each, S cached) reads the cache once, B S (R + Q) c bytes (c bytes per cached number),
+and does 2 B N S (R + Q) FLOPs of scores plus 2 B N S R of values: since all N heads share one
+latent, the attention intensity is about
+
+    2 N (2 R + Q) / ((R + Q) c)  ~=  3.8 N / c  FLOPs per byte  (R = 512, Q = 64),
+
+growing with N (DeepSeek-V3, N = 128, bf16: ~240) where GQA's is about G = N / K. The naive
+form reads the same cache bytes but spends 2 B S R N (P + U) FLOPs re-expanding it every step
+(and writes and reads back the expanded [B, S, N, P + U] activations): for V3 that is ~120x
+the FLOPs of the absorbed scores and values per cached token. Prefill is the other way
+round: there T ~ S and every latent is expanded once for T queries, while absorption would make
+each score cost R + Q instead of P + Q (576 against 192 for V3). DeepSeek therefore runs the
+naive form for prefill and the absorbed form for decode; here one config runs one form for
+both, so each is counted and tested alone.
+
+Cache: `MLACache(latent [B, S, R], k_rope [B, S, Q])`, a full cache of max_len slots written at
+`start` and masked with `causal_mask` over arange(max_len), exactly as GQA.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from refmodel.attention import register
+from refmodel.attention.base import AttentionLayer
+from refmodel.attention.common import NEG_INF, attend, causal_mask, rope
+from refmodel.attention.gqa import ROPE_FLOPS, SOFTMAX_FLOPS
+from refmodel.config import ModelConfig
+from refmodel.costing import Cost, Dtypes, matmul
+from refmodel.layers import param
+
+# RMSNorm: square, sum, scale by the reciprocal root, multiply by the weight: 4 per element.
+NORM_FLOPS = 4
+
+
+@struct.dataclass
+class MLACache:
+    latent: jax.Array  # [B, S, R], after kv_norm
+    k_rope: jax.Array  # [B, S, Q], after RoPE; one key shared by all N heads
+
+
+@register("mla")
+class MultiHeadLatentAttention(AttentionLayer):
+    """DeepSeek's MLA: a low-rank latent KV cache plus a decoupled shared RoPE key."""
+
+    def __init__(self, cfg: ModelConfig, *, kind: str, rngs: nnx.Rngs):
+        D, N, C, R = cfg.d_model, cfg.n_heads, cfg.q_lora_rank, cfg.kv_lora_rank
+        P, Q, U = cfg.qk_nope_dim, cfg.qk_rope_dim, cfg.v_head_dim
+        dtype = jnp.dtype(cfg.dtype)
+        self.cfg = cfg
+        if C > 0:
+            self.wq_a = param(rngs, (D, C), D, dtype)  # [D, C]
+            self.q_norm = nnx.RMSNorm(C, epsilon=cfg.norm_eps, param_dtype=dtype, rngs=rngs)
+            self.wq_b = param(rngs, (C, N, P + Q), C, dtype)  # [C, N, H]
+        else:
+            self.wq = param(rngs, (D, N, P + Q), D, dtype)  # [D, N, H]
+        self.wkv_a = param(rngs, (D, R + Q), D, dtype)  # [D, R + Q]
+        self.kv_norm = nnx.RMSNorm(R, epsilon=cfg.norm_eps, param_dtype=dtype, rngs=rngs)
+        self.wkv_b = param(rngs, (R, N, P + U), R, dtype)  # [R, N, P + U] = [W_UK | W_UV]
+        self.wo = param(rngs, (N, U, D), N * U, dtype)  # [N, U, D]
+
+    def project(self, x: jax.Array, positions: jax.Array):
+        """x [B, T, D] -> q_nope [B, T, N, P], q_rope [B, T, N, Q], latent [B, T, R],
+        k_rope [B, T, Q] (RoPE applied to both rope parts)."""
+        cfg, P, R = self.cfg, self.cfg.qk_nope_dim, self.cfg.kv_lora_rank
+        with jax.named_scope("qkv_proj"):
+            if cfg.q_lora_rank > 0:
+                cq = self.q_norm(x @ self.wq_a[...])  # [B, T, C]
+                q = jnp.einsum("BTC,CNH->BTNH", cq, self.wq_b[...])  # [B, T, N, H]
+            else:
+                q = jnp.einsum("BTD,DNH->BTNH", x, self.wq[...])  # [B, T, N, H]
+            kv = x @ self.wkv_a[...]  # [B, T, R + Q]
+            latent = self.kv_norm(kv[..., :R])  # [B, T, R]
+        q_nope, q_rope, k_rope = q[..., :P], q[..., P:], kv[..., R:]
+        if cfg.position == "rope":
+            with jax.named_scope("rope"):
+                q_rope = rope(q_rope, positions, cfg.qk_rope_dim, cfg.rope_theta)
+                k_rope = rope(k_rope, positions, cfg.qk_rope_dim, cfg.rope_theta)
+        return q_nope, q_rope, latent, k_rope
+
+    @property
+    def scale(self) -> float:
+        return (self.cfg.qk_nope_dim + self.cfg.qk_rope_dim) ** -0.5
+
+    def naive(self, q_nope, q_rope, latent, k_rope, mask):
+        """Expand the latents to per-head K and V, then softmax attention -> [B, T, N, U]."""
+        P = self.cfg.qk_nope_dim
+        with jax.named_scope("kv_expand"):
+            w = self.wkv_b[...]
+            k_nope = jnp.einsum("BSR,RNP->BSNP", latent, w[..., :P])  # [B, S, N, P]
+            v = jnp.einsum("BSR,RNU->BSNU", latent, w[..., P:])  # [B, S, N, U]
+            B, S, N, _ = k_nope.shape
+            k_shared = jnp.broadcast_to(k_rope[:, :, None], (B, S, N, k_rope.shape[-1]))
+            k = jnp.concatenate([k_nope, k_shared], axis=-1)  # [B, S, N, H]
+        q = jnp.concatenate([q_nope, q_rope], axis=-1)[:, :, :, None]  # [B, T, N, 1, H]
+        return attend(q, k, v, mask, self.scale)[:, :, :, 0]  # [B, T, N, U]
+
+    def absorbed(self, q_nope, q_rope, latent, k_rope, mask):
+        """Attend in the latent space (W_UK folded into q, W_UV after) -> [B, T, N, U]."""
+        P = self.cfg.qk_nope_dim
+        w = self.wkv_b[...]
+        with jax.named_scope("absorb"):
+            q_lat = jnp.einsum("BTNP,RNP->BTNR", q_nope, w[..., :P])  # [B, T, N, R]
+        with jax.named_scope("attn_scores"):
+            s = jnp.einsum("BTNR,BSR->BNTS", q_lat, latent)  # [B, N, T, S]
+            s = (s + jnp.einsum("BTNQ,BSQ->BNTS", q_rope, k_rope)) * self.scale
+            s = jnp.where(mask, s, NEG_INF)
+        with jax.named_scope("attn_softmax"):
+            p = jax.nn.softmax(s, axis=-1)
+        with jax.named_scope("attn_values"):
+            o_lat = jnp.einsum("BNTS,BSR->BTNR", p.astype(latent.dtype), latent)  # [B, T, N, R]
+        with jax.named_scope("absorb"):
+            return jnp.einsum("BTNR,RNU->BTNU", o_lat, w[..., P:])  # [B, T, N, U]
+
+    def __call__(self, x: jax.Array, start: jax.Array, cache: MLACache | None):
+        T = x.shape[1]
+        positions = start + jnp.arange(T, dtype=jnp.int32)  # [T]
+        q_nope, q_rope, latent, k_rope = self.project(x, positions)
+        if cache is None:  # causal forward within x: the naive form
+            o = self.naive(q_nope, q_rope, latent, k_rope, causal_mask(positions, positions))
+        else:
+            with jax.named_scope("kv_write"):
+                dtype = cache.latent.dtype
+                cache = MLACache(
+                    latent=jax.lax.dynamic_update_slice(
+                        cache.latent, latent.astype(dtype), (0, start, 0)),
+                    k_rope=jax.lax.dynamic_update_slice(
+                        cache.k_rope, k_rope.astype(dtype), (0, start, 0)),
+                )
+            k_pos = jnp.arange(cache.latent.shape[1], dtype=jnp.int32)  # [S]
+            core = self.absorbed if self.cfg.mla_absorb else self.naive
+            o = core(q_nope, q_rope, cache.latent.astype(x.dtype), cache.k_rope.astype(x.dtype),
+                     causal_mask(positions, k_pos))
+        with jax.named_scope("out_proj"):
+            return jnp.einsum("BTNU,NUD->BTD", o, self.wo[...]), cache  # [B, T, D]
+
+    @classmethod
+    def init_cache(cls, cfg: ModelConfig, kind: str, batch: int, max_len: int) -> MLACache:
+        dtype = jnp.dtype(cfg.dtype)
+        return MLACache(latent=jnp.zeros((batch, max_len, cfg.kv_lora_rank), dtype),
+                        k_rope=jnp.zeros((batch, max_len, cfg.qk_rope_dim), dtype))
+
+    # Costs ------------------------------------------------------------------------------------
+
+    @classmethod
+    def param_counts(cls, cfg: ModelConfig, kind: str) -> dict[str, int]:
+        D, N, C, R = cfg.d_model, cfg.n_heads, cfg.q_lora_rank, cfg.kv_lora_rank
+        P, Q, U = cfg.qk_nope_dim, cfg.qk_rope_dim, cfg.v_head_dim
+        q = {"wq_a": D * C, "q_norm": C, "wq_b": C * N * (P + Q)} if C > 0 \
+            else {"wq": D * N * (P + Q)}
+        return {**q, "wkv_a": D * (R + Q), "kv_norm": R, "wkv_b": R * N * (P + U),
+                "wo": N * U * D}
+
+    @classmethod
+    def cache_bytes(cls, cfg: ModelConfig, kind: str, batch: int, context: int,
+                    dt: Dtypes) -> float:
+        return 1.0 * batch * context * (cfg.kv_lora_rank + cfg.qk_rope_dim) * dt.c
+
+    @classmethod
+    def costs(cls, cfg: ModelConfig, kind: str, batch: int, new: int, context: int,
+              dt: Dtypes) -> dict[str, Cost]:
+        """One layer: `new` queries per sequence attend to keys = context + new positions."""
+        D, N, C, R = cfg.d_model, cfg.n_heads, cfg.q_lora_rank, cfg.kv_lora_rank
+        P, Q, U = cfg.qk_nope_dim, cfg.qk_rope_dim, cfg.v_head_dim
+        M, keys = batch * new, context + new  # query tokens, key positions per sequence
+        if C > 0:
+            qkv = matmul(M, D, C, dt) + matmul(M, C, N * (P + Q), dt)
+            qkv = qkv + Cost(flops=NORM_FLOPS * M * C, weight_bytes=C * dt.w)
+        else:
+            qkv = matmul(M, D, N * (P + Q), dt)
+        qkv = qkv + matmul(M, D, R + Q, dt) + Cost(flops=NORM_FLOPS * M * R,
+                                                    weight_bytes=R * dt.w)
+        rope_cost = Cost(flops=ROPE_FLOPS * M * (N + 1) * Q) if cfg.position == "rope" \
+            else Cost()
+        ops = {"qkv_proj": qkv, "rope": rope_cost,
+               "kv_write": Cost(kv_bytes=M * (R + Q) * dt.c),
+               "attn_softmax": Cost(flops=SOFTMAX_FLOPS * M * N * keys),
+               "out_proj": matmul(M, N * U, D, dt)}
+        core = absorbed_costs if cfg.mla_absorb else naive_costs
+        return {**ops, **core(cfg, batch, new, keys, dt)}
+
+
+def naive_costs(cfg: ModelConfig, batch: int, new: int, keys: int,
+                dt: Dtypes) -> dict[str, Cost]:
+    """Every step re-expands all `keys` latents to per-head K and V through wkv_b; the
+    expanded [B, S, N, P + U] is written once and read back once (activation bytes)."""
+    N, R, P, Q, U = (cfg.n_heads, cfg.kv_lora_rank, cfg.qk_nope_dim, cfg.qk_rope_dim,
+                     cfg.v_head_dim)
+    M, BS = batch * new, batch * keys
+    expand = Cost(flops=2.0 * BS * R * N * (P + U), weight_bytes=R * N * (P + U) * dt.w,
+                  kv_bytes=BS * R * dt.c, act_bytes=2.0 * BS * N * (P + U) * dt.a)
+    return {"kv_expand": expand, "absorb": Cost(),
+            "attn_scores": Cost(flops=2.0 * M * N * keys * (P + Q), kv_bytes=BS * Q * dt.c),
+            "attn_values": Cost(flops=2.0 * M * N * keys * U)}
+
+
+def absorbed_costs(cfg: ModelConfig, batch: int, new: int, keys: int,
+                   dt: Dtypes) -> dict[str, Cost]:
+    """W_UK folded into the queries and W_UV into the outputs (per head: N batched products);
+    scores over R + Q channels read the latent cache once and the values reuse it."""
+    N, R, P, Q, U = (cfg.n_heads, cfg.kv_lora_rank, cfg.qk_nope_dim, cfg.qk_rope_dim,
+                     cfg.v_head_dim)
+    M, BS = batch * new, batch * keys
+    absorb = N * matmul(M, P, R, dt) + N * matmul(M, R, U, dt)
+    # + M N keys: the sum of the latent and the rope score.
+    scores = Cost(flops=2.0 * M * N * keys * (R + Q) + M * N * keys,
+                  kv_bytes=BS * (R + Q) * dt.c)
+    return {"kv_expand": Cost(), "absorb": absorb, "attn_scores": scores,
+            "attn_values": Cost(flops=2.0 * M * N * keys * R)}

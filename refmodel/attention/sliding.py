@@ -1,0 +1,112 @@
+"""Sliding-window (local) attention with a rolling-buffer cache of W entries per layer.
+
+Beltagy et al. 2020, "Longformer" (local windowed attention); Jiang et al. 2023, "Mistral 7B"
+(arXiv:2310.06825), whose rolling buffer cache this is; used by Gemma 2/3 and gpt-oss in
+alternation with global layers. A query at position p sees the keys at positions
+p - W + 1 .. p, so a layer never needs more than the last W keys: the cache is a ring of W
+slots, and the token at position p lives in slot p mod W.
+
+The ring keeps the ABSOLUTE position of every slot (`pos`, -1 = empty), so the mask is
+computed from positions, never from slot order, and stays right after the ring wraps.
+
+Two paths, chosen by the static chunk length T:
+- decode (T = 1): write the new key into its slot first (it overwrites position p - W, which
+  p no longer sees), then attend over the W slots. Empty slots are masked but still computed:
+  a decode step executes W scores whatever the context (counted so below).
+- prefill (T > 1, on a cache that may already hold tokens): a chunk longer than W would
+  overwrite its own keys, so it attends over [the W old slots ++ its own T keys] with the
+  window mask first (W + T scores per query), then writes its last min(T, W) keys.
+
+Memory is O(W) at any context: `capacity_bound` is False, the cache's `max_len` is ignored
+(its shapes are the same for max_len 16 and 4096), and a model made only of sliding layers
+may run past max_len. gpt-oss's sink logits and Gemma 2's soft-capping come with GQA's core.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from refmodel.attention import register
+from refmodel.attention.common import causal_mask
+from refmodel.attention.gqa import GroupedQueryAttention, gqa_costs, kv_heads
+from refmodel.config import ModelConfig
+from refmodel.costing import Cost, Dtypes
+
+
+@struct.dataclass
+class RingCache:
+    k: jax.Array  # [B, W, K, H]
+    v: jax.Array  # [B, W, K, H]
+    pos: jax.Array  # int32 [W]: absolute position held by each slot, -1 = empty
+
+
+def ring_write(cache: RingCache, k: jax.Array, v: jax.Array, positions: jax.Array) -> RingCache:
+    """Write the last min(T, W) of k, v [B, T, K, H] at positions [T] into slots pos mod W."""
+    W, T = cache.pos.shape[0], k.shape[1]
+    n = min(T, W)  # static; the n positions are consecutive, so their slots are distinct
+    slots = positions[T - n:] % W  # [n]
+    return RingCache(
+        k=cache.k.at[:, slots].set(k[:, T - n:].astype(cache.k.dtype)),
+        v=cache.v.at[:, slots].set(v[:, T - n:].astype(cache.v.dtype)),
+        pos=cache.pos.at[slots].set(positions[T - n:]),
+    )
+
+
+@register("sliding")
+class SlidingWindowAttention(GroupedQueryAttention):
+    """GQA restricted to the last W positions, with a ring-buffer cache of W slots."""
+
+    capacity_bound = False
+
+    def __call__(self, x: jax.Array, start: jax.Array, cache: RingCache | None):
+        T, W = x.shape[1], self.cfg.window
+        positions = start + jnp.arange(T, dtype=jnp.int32)  # [T]
+        q, k, v = self.project(x, positions)  # [B, T, K, G, H], [B, T, K, H] x 2
+        if cache is None:
+            o = self.core(q, k, v, causal_mask(positions, positions, W))
+            return self.output(x, o), None
+        if T == 1:  # decode: write first, then attend over the ring's W slots
+            with jax.named_scope("kv_write"):
+                cache = ring_write(cache, k, v, positions)
+            keys, values, k_pos = cache.k, cache.v, cache.pos  # [B, W, K, H] x 2, [W]
+        else:  # prefill: attend over old slots ++ the chunk, then write
+            keys = jnp.concatenate([cache.k.astype(k.dtype), k], axis=1)  # [B, W + T, K, H]
+            values = jnp.concatenate([cache.v.astype(v.dtype), v], axis=1)  # [B, W + T, K, H]
+            k_pos = jnp.concatenate([cache.pos, positions])  # [W + T]
+        o = self.core(q, keys.astype(q.dtype), values.astype(q.dtype),
+                      causal_mask(positions, k_pos, W))  # [B, T, K, G, H]
+        if T > 1:
+            with jax.named_scope("kv_write"):
+                cache = ring_write(cache, k, v, positions)
+        return self.output(x, o), cache
+
+    @classmethod
+    def init_cache(cls, cfg: ModelConfig, kind: str, batch: int, max_len: int) -> RingCache:
+        """W slots whatever max_len is (max_len is ignored: the ring never fills up)."""
+        shape = (batch, cfg.window, kv_heads(cfg, kind), cfg.head_size)
+        dtype = jnp.dtype(cfg.dtype)
+        return RingCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+                         pos=jnp.full((cfg.window,), -1, jnp.int32))
+
+    # Costs ------------------------------------------------------------------------------------
+
+    @classmethod
+    def cache_bytes(cls, cfg: ModelConfig, kind: str, batch: int, context: int,
+                    dt: Dtypes) -> float:
+        """K and V of the last min(context, W) tokens (the W int32 positions, shared by the
+        batch, are left out: 4 W bytes per layer)."""
+        keys = min(context, cfg.window)
+        return 2.0 * batch * keys * kv_heads(cfg, kind) * cfg.head_size * dt.c
+
+    @classmethod
+    def costs(cls, cfg: ModelConfig, kind: str, batch: int, new: int, context: int,
+              dt: Dtypes) -> dict[str, Cost]:
+        """What the code executes: decode scores all W slots (empty ones masked), prefill
+        scores W old slots + its `new` keys; only the last min(new, W) keys are written."""
+        K, W = kv_heads(cfg, kind), cfg.window
+        keys = W if new == 1 else W + new
+        out = gqa_costs(cfg, K, batch, new, keys, dt)
+        out["kv_write"] = Cost(kv_bytes=2.0 * batch * min(new, W) * K * cfg.head_size * dt.c)
+        return out

@@ -1,0 +1,161 @@
+"""Sparse attention by top-k token selection, in the spirit of DeepSeek Sparse Attention.
+
+DeepSeek-AI 2025, "DeepSeek-V3.2-Exp: Boosting Long-Context Efficiency with DeepSeek Sparse
+Attention". A small "lightning indexer" scores every (query t, key s) pair cheaply,
+
+    I(t, s) = sum_i w[t, i] * relu(q_idx[t, i] . k_idx[s])
+
+with I indexer heads of dim J (two letters local to this file: I = cfg.indexer_heads,
+J = cfg.indexer_dim), one indexer key per token shared by the indexer heads and cached
+(`k_idx` [B, S, J]), and per-query head weights w [B, T, I]. Each query then runs ordinary
+GQA softmax attention over only the k = cfg.sparse_top_k tokens the indexer ranks highest.
+(DeepSeek's indexer also applies RoPE and a norm to its queries and keys and runs in FP8; this
+reference keeps the scoring rule only.)
+
+Selection rule, exactly: among the keys query t may see (causal: position <= t, and a written
+cache slot), take the k with the highest I(t, s); equal scores go to the earlier position
+(`jax.lax.top_k` keeps the lower index first). The chosen indices are sorted by position.
+With fewer than k visible keys, every visible key is chosen and the remaining picks are
+masked out of the softmax, so an invisible token never takes part. With k >= the number of
+visible keys the layer is dense GQA, bit for bit in the tests.
+
+The lesson, in the costs below: a decode step's attention reads O(k) K/V entries per
+sequence instead of O(S), but the indexer still reads all S of the small indexer keys
+(J numbers per token against 2 K H for K/V), so decode stays O(S) in bytes, with a much
+smaller constant. The main K/V cache is still full-length (`capacity_bound` = True).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from refmodel.attention import register
+from refmodel.attention.common import causal_mask
+from refmodel.attention.gqa import GroupedQueryAttention, gqa_costs, kv_heads
+from refmodel.config import ModelConfig
+from refmodel.costing import Cost, Dtypes, matmul
+from refmodel.layers import param
+
+# Per (query, key, indexer head): relu, multiply by the head weight, add.
+INDEX_FLOPS = 3
+
+
+@struct.dataclass
+class SparseCache:
+    k: jax.Array  # [B, S, K, H]
+    v: jax.Array  # [B, S, K, H]
+    k_idx: jax.Array  # [B, S, J]
+
+
+@register("sparse")
+class SparseAttention(GroupedQueryAttention):
+    """GQA in which each query attends to its top-k keys by a lightning indexer's score."""
+
+    def __init__(self, cfg: ModelConfig, *, kind: str, rngs: nnx.Rngs):
+        super().__init__(cfg, kind=kind, rngs=rngs)
+        D, I, J = cfg.d_model, cfg.indexer_heads, cfg.indexer_dim
+        dtype = jnp.dtype(cfg.dtype)
+        self.wq_idx = param(rngs, (D, I, J), D, dtype)  # [D, I, J]
+        self.wk_idx = param(rngs, (D, J), D, dtype)  # [D, J]
+        self.w_idx = param(rngs, (D, I), D, dtype)  # [D, I]
+
+    def index_keys(self, x: jax.Array) -> jax.Array:
+        """x [B, T, D] -> indexer keys [B, T, J]."""
+        with jax.named_scope("indexer"):
+            return jnp.einsum("BTD,DJ->BTJ", x, self.wk_idx[...])
+
+    def index_scores(self, x: jax.Array, k_idx: jax.Array) -> jax.Array:
+        """I(t, s) of queries x [B, T, D] against indexer keys [B, S, J] -> [B, T, S]."""
+        with jax.named_scope("indexer"):
+            q_idx = jnp.einsum("BTD,DIJ->BTIJ", x, self.wq_idx[...])  # [B, T, I, J]
+            w = jnp.einsum("BTD,DI->BTI", x, self.w_idx[...])  # [B, T, I]
+            dots = jnp.einsum("BTIJ,BSJ->BTIS", q_idx, k_idx.astype(q_idx.dtype))
+            return jnp.einsum("BTI,BTIS->BTS", w, jax.nn.relu(dots))  # [B, T, S]
+
+    def select(self, scores: jax.Array, mask: jax.Array):
+        """Top-k visible keys of each query: scores [B, T, S], mask [T, S] ->
+        indices int32 [B, T, k] sorted by position and valid [B, T, k] (k = min(top_k, S))."""
+        n = min(self.cfg.sparse_top_k, scores.shape[-1])
+        with jax.named_scope("topk_select"):
+            _, idx = jax.lax.top_k(jnp.where(mask, scores, -jnp.inf), n)  # ties: lower index
+            idx = jnp.sort(idx, axis=-1)  # [B, T, k]
+            valid = jnp.take_along_axis(jnp.broadcast_to(mask, scores.shape), idx, axis=-1)
+        return idx, valid
+
+    def sparse_core(self, q, k, v, idx, valid):
+        """q [B, T, K, G, H] over the k selected of k, v [B, S, K, H] -> [B, T, K, G, H]."""
+        B, T, K, G, H = q.shape
+        n = idx.shape[-1]
+        with jax.named_scope("topk_select"):
+            rows = jnp.arange(B)[:, None, None]
+            k_sel = k[rows, idx].reshape(B * T, n, K, H)  # gather [B, T, k, K, H]
+            v_sel = v[rows, idx].reshape(B * T, n, K, H)
+        # each (b, t) is a batch row with its own keys: GQA's core, with sinks and soft-cap
+        o = self.core(q.reshape(B * T, 1, K, G, H), k_sel, v_sel, valid.reshape(B * T, 1, n))
+        return o.reshape(B, T, K, G, H)
+
+    def __call__(self, x: jax.Array, start: jax.Array, cache: SparseCache | None):
+        T = x.shape[1]
+        positions = start + jnp.arange(T, dtype=jnp.int32)  # [T]
+        q, k, v = self.project(x, positions)  # [B, T, K, G, H], [B, T, K, H] x 2
+        k_idx = self.index_keys(x)  # [B, T, J]
+        if cache is not None:
+            with jax.named_scope("kv_write"):
+                kv = (0, start, 0, 0)
+                new_k = jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), kv)
+                new_v = jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), kv)
+            with jax.named_scope("indexer"):
+                new_idx = jax.lax.dynamic_update_slice(
+                    cache.k_idx, k_idx.astype(cache.k_idx.dtype), (0, start, 0))
+            cache = SparseCache(k=new_k, v=new_v, k_idx=new_idx)
+            k, v, k_idx = cache.k.astype(q.dtype), cache.v.astype(q.dtype), cache.k_idx
+        k_pos = jnp.arange(k.shape[1], dtype=jnp.int32)  # [S]
+        mask = causal_mask(positions, k_pos)  # [T, S]
+        idx, valid = self.select(self.index_scores(x, k_idx), mask)  # [B, T, k] x 2
+        o = self.sparse_core(q, k, v, idx, valid)
+        return self.output(x, o), cache
+
+    @classmethod
+    def init_cache(cls, cfg: ModelConfig, kind: str, batch: int, max_len: int) -> SparseCache:
+        shape = (batch, max_len, kv_heads(cfg, kind), cfg.head_size)
+        dtype = jnp.dtype(cfg.dtype)
+        return SparseCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+                           k_idx=jnp.zeros((batch, max_len, cfg.indexer_dim), dtype))
+
+    # Costs ------------------------------------------------------------------------------------
+
+    @classmethod
+    def param_counts(cls, cfg: ModelConfig, kind: str) -> dict[str, int]:
+        D, I, J = cfg.d_model, cfg.indexer_heads, cfg.indexer_dim
+        return {**super().param_counts(cfg, kind),
+                "wq_idx": D * I * J, "wk_idx": D * J, "w_idx": D * I}
+
+    @classmethod
+    def cache_bytes(cls, cfg: ModelConfig, kind: str, batch: int, context: int,
+                    dt: Dtypes) -> float:
+        kv = super().cache_bytes(cfg, kind, batch, context, dt)
+        return kv + batch * context * cfg.indexer_dim * dt.c
+
+    @classmethod
+    def costs(cls, cfg: ModelConfig, kind: str, batch: int, new: int, context: int,
+              dt: Dtypes) -> dict[str, Cost]:
+        """`new` queries per sequence over S = context + new keys, k = min(top_k, S) each."""
+        K, H, I, J = kv_heads(cfg, kind), cfg.head_size, cfg.indexer_heads, cfg.indexer_dim
+        S, M = context + new, batch * new
+        n = min(cfg.sparse_top_k, S)
+        out = gqa_costs(cfg, K, batch, new, n, dt)  # scores, softmax, values over k keys
+        # The selected K/V are gathered in topk_select, so attn_scores/values read no cache:
+        # the gather reads each selected entry once, at most all S of them.
+        gathered = 2.0 * batch * min(new * n, S) * K * H * dt.c
+        out["attn_scores"] = Cost(flops=out["attn_scores"].flops)
+        out["attn_values"] = Cost(flops=out["attn_values"].flops)
+        out["indexer"] = (
+            matmul(M, cfg.d_model, I * J + J + I, dt)  # q_idx, k_idx and w projections
+            + Cost(flops=2.0 * M * S * I * J + INDEX_FLOPS * M * S * I,
+                   kv_bytes=batch * (S + new) * J * dt.c)  # read S keys, write `new`
+        )
+        # Selection is counted as one compare per candidate score (a sort does more).
+        out["topk_select"] = Cost(flops=M * S, kv_bytes=gathered, act_bytes=M * S * dt.a)
+        return out

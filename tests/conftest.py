@@ -1,0 +1,48 @@
+"""Shared helpers: the tiny config with changes, random tokens, and the golden comparison."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import refmodel
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+
+def tiny(**changes) -> refmodel.ModelConfig:
+    return dataclasses.replace(refmodel.presets.get("tiny"), **changes)
+
+
+def tokens(cfg, batch: int, length: int, seed: int = 1) -> jax.Array:
+    return jax.random.randint(jax.random.key(seed), (batch, length), 0, cfg.vocab_size,
+                              dtype=jnp.int32)
+
+
+def incremental_logits(model, toks, chunks: list[int], max_len: int | None = None):
+    """Prefill the prompt in the given chunk lengths, then decode the rest token by token;
+    returns logits for every position [B, T, V]."""
+    B, T = toks.shape
+    cache = refmodel.init_cache(model.cfg, B, max_len or T)
+    out, t = [], 0
+    for n in chunks:
+        logits, cache = refmodel.prefill(model, toks[:, t:t + n], cache)
+        out.append(logits)
+        t += n
+    for t in range(t, T):
+        logits, cache = refmodel.decode_step(model, toks[:, t], cache)
+        out.append(logits[:, None])
+    return jnp.concatenate(out, axis=1)
+
+
+def assert_close(a, b, tol: float = 1e-5):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=tol, atol=tol)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
