@@ -125,7 +125,7 @@ def fma_chain(x, a, b, *, K: int, k: int):
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fma_chain_fn(K: int, k: int):
     return functools.partial(fma_chain, K=K, k=k)
 

@@ -49,6 +49,7 @@ class Device:
     dense: bool = True
     memory_type: str | None = None
     derivation: dict = field(default_factory=dict)
+    cache_bytes: dict = field(default_factory=dict)  # {level: bytes}, small to large
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -96,6 +97,7 @@ def device_from_dict(d: dict, prefix: str = "") -> Device:
         raise _bad(prefix + "dense", d.get("dense"),
                    "true (dense peaks only; halve 2:4-sparse headline figures)")
     flops = _rate_table(d, "peak_flops", prefix, DTYPES)
+    caches = _rate_table(d, "cache_bytes", prefix) if "cache_bytes" in d else {}
     if not flops:
         raise _bad(prefix + "peak_flops", flops, "at least one dtype")
     bw = _rate_table(d, "memory_bandwidth", prefix)
@@ -116,7 +118,7 @@ def device_from_dict(d: dict, prefix: str = "") -> Device:
                   peak_flops=flops, memory_bandwidth=bw, main_memory=main,
                   memory_bytes=None if mem is None else float(mem), sources=tuple(sources),
                   notes=tuple(notes), memory_type=d.get("memory_type"),
-                  derivation=dict(d.get("derivation") or {}))
+                  derivation=dict(d.get("derivation") or {}), cache_bytes=caches)
 
 
 def load_device(path: str | Path) -> Device:

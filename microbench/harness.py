@@ -21,7 +21,7 @@ Public API:
     stop_reason(samples, elapsed_s, ...) -> str | None
     rates(amount, timing) -> dict       (amount/time at the median, p10 and p90 of the rate)
     environment() -> dict               (the block every result file carries)
-    write_json_atomic(path, obj), write_csv_atomic(path, rows)
+    write_json_atomic(path, obj), write_csv_atomic(path, rows), write_text_atomic(path, text)
 """
 
 from __future__ import annotations
@@ -107,22 +107,27 @@ def stop_reason(samples: Sequence[float], elapsed_s: float, *, target_cv: float,
 
 
 def compile_fn(fn: Callable, *args, donate_argnums: Sequence[int] = ()):
-    """AOT-compile `fn` for `args`; a `jax.stages.Compiled` is returned unchanged."""
+    """AOT-compile `fn` for `args`; a `jax.stages.Compiled` is returned unchanged.
+
+    With donation, unused arguments are kept (`keep_unused=True`): a kernel that only writes
+    its destination (fill, copy into, triad into) must still receive that buffer to write in
+    place, and jit would otherwise prune it.
+    """
     if isinstance(fn, jax.stages.Compiled):
         return fn
     if donate_argnums or not hasattr(fn, "lower"):
-        fn = jax.jit(fn, donate_argnums=tuple(donate_argnums))
+        fn = jax.jit(fn, donate_argnums=tuple(donate_argnums), keep_unused=bool(donate_argnums))
     return fn.lower(*args).compile()
 
 
 def _copy_donated(args: list, donate_argnums: Sequence[int]) -> list:
     args = list(args)
     for i in donate_argnums:
-        args[i] = jax.numpy.array(args[i], copy=True)
+        args[i] = jax.tree.map(lambda a: jax.numpy.array(a, copy=True), args[i])  # pytrees too
     return args
 
 
-def _runner(compiled, args: list, donate_argnums: Sequence[int]):
+def _runner(compiled, args: list, donate_argnums: Sequence[int], carry=None):
     """A function that makes `n` calls and blocks on all their outputs."""
     donate = tuple(donate_argnums)
 
@@ -131,7 +136,10 @@ def _runner(compiled, args: list, donate_argnums: Sequence[int]):
         for _ in range(n):
             out = compiled(*args)
             if donate:
-                carried = out if isinstance(out, (tuple, list)) else (out,)
+                if carry is not None:
+                    carried = carry(out)
+                else:
+                    carried = out if isinstance(out, (tuple, list)) else (out,)
                 for slot, value in zip(donate, carried, strict=True):
                     args[slot] = value
                 outs = [out]
@@ -145,10 +153,16 @@ def _runner(compiled, args: list, donate_argnums: Sequence[int]):
 def time_fn(fn: Callable, *args, min_sample_s: float = 1e-3, warmup: int = 2,
             target_cv: float = 0.02, budget_s: float = 2.0, min_samples: int = 5,
             max_samples: int = 200, donate_argnums: Sequence[int] = (),
+            carry: Callable | None = None,
             clock: Callable[[], float] = time.perf_counter) -> Timing:
-    """Time `fn(*args)` per call (see the module docstring for the method)."""
+    """Time `fn(*args)` per call (see the module docstring for the method).
+
+    `carry(out)` picks, from one call's output, the values fed back into the donated
+    arguments of the next (default: the output itself), e.g. `lambda out: (out[1],)` for a
+    phase returning (logits, cache) with the cache donated.
+    """
     compiled = compile_fn(fn, *args, donate_argnums=donate_argnums)
-    run = _runner(compiled, _copy_donated(list(args), donate_argnums), donate_argnums)
+    run = _runner(compiled, _copy_donated(list(args), donate_argnums), donate_argnums, carry)
     for _ in range(max(1, warmup)):
         run(1)
     t0 = clock()  # calibrate: calls per sample so one sample lasts >= min_sample_s
@@ -231,7 +245,7 @@ def environment() -> dict:
 
 # ----------------------------------------------------------------------------- writers
 
-def _write_text_atomic(path: str | Path, text: str) -> Path:
+def write_text_atomic(path: str | Path, text: str) -> Path:
     """Write to a temporary file in the target's folder, fsync, then os.replace it in."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -250,7 +264,7 @@ def _write_text_atomic(path: str | Path, text: str) -> Path:
 
 def write_json_atomic(path: str | Path, obj) -> Path:
     """Serialise first (a failure leaves nothing behind), then replace `path` atomically."""
-    return _write_text_atomic(path, json.dumps(obj, indent=1, allow_nan=False) + "\n")
+    return write_text_atomic(path, json.dumps(obj, indent=1, allow_nan=False) + "\n")
 
 
 def write_csv_atomic(path: str | Path, rows: Sequence[dict]) -> Path:
@@ -262,4 +276,4 @@ def write_csv_atomic(path: str | Path, rows: Sequence[dict]) -> Path:
     writer = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
-    return _write_text_atomic(path, buf.getvalue())
+    return write_text_atomic(path, buf.getvalue())

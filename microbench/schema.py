@@ -13,6 +13,7 @@ A results file (`peaks.json`, written by `python -m microbench peaks`) is one JS
     intensity       object  {kernel, working_set_bytes, points: [measurement]}
     roofs           object  {compute: [roof], memory: [roof]}
     compare         object  optional: peer programs and ratios ours/peer (peaks --compare)
+    plan, wall_s            optional: the sizes and budgets used, and the run's wall time
 
 A measurement is {name, flops, bytes, timing, flops_per_s, bytes_per_s, suspect, reason, ...}
 with kernel parameters beside them (shape, dtype, K, k, working_set_bytes, donated ...).

@@ -43,6 +43,14 @@ def assert_close(a, b, tol: float = 1e-5):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=tol, atol=tol)
 
 
+def assert_logits_close(a, b, tol: float = 1e-5):
+    """Golden-test tolerance: rtol = tol, atol = tol x the logits' RMS (float32 rounding
+    grows with magnitude; tied embeddings give logits of RMS ~ sqrt(D))."""
+    b = np.asarray(b)
+    scale = max(1.0, float(np.sqrt(np.mean(b.astype(np.float64) ** 2))))
+    np.testing.assert_allclose(np.asarray(a), b, rtol=tol, atol=tol * scale)
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)

@@ -8,23 +8,35 @@ wrap-around (the sequence is 3x the tiny window) and prefill is also done in chu
 from __future__ import annotations
 
 import pytest
-from conftest import assert_close, incremental_logits, tiny, tokens
+from conftest import assert_logits_close, incremental_logits, tiny, tokens
 
 import refmodel
 
 KINDS = refmodel.attention.registered()
 LENGTH = 3 * tiny().window + 2  # past a sliding window's wrap-around
+# Every registered kind with its defaults, plus the options that switch code paths.
+VARIANTS = {kind: {"attention": kind} for kind in KINDS}
+VARIANTS["mla absorbed"] = {"attention": "mla", "mla_absorb": True}
+VARIANTS["linear mamba2"] = {"attention": "linear", "linear_rule": "mamba2"}
+VARIANTS["gqa with every option"] = {
+    "attention": "gqa", "attn_bias": True, "qk_norm": True, "attn_out_gate": True,
+    "attn_sinks": True, "attn_softcap": 20.0, "final_softcap": 30.0, "rope_fraction": 0.5,
+    "post_norms": True, "mlp_act": "geglu", "tie_embeddings": True, "n_shared_experts": 1,
+    "router_score": "sigmoid", "moe_bias": True, "router_bias": True}
+VARIANTS["gpt2-like"] = {"attention": "mha", "position": "learned", "norm": "layernorm",
+                         "mlp_act": "gelu", "attn_bias": True, "mlp_bias": True,
+                         "tie_embeddings": True}
 
 
 @pytest.mark.parametrize("ffn", ["dense", "moe"])
-@pytest.mark.parametrize("kind", KINDS)
-def test_forward_equals_prefill_then_decode(kind, ffn):
-    cfg = tiny(attention=kind, ffn=ffn)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_forward_equals_prefill_then_decode(variant, ffn):
+    cfg = tiny(ffn=ffn, **VARIANTS[variant])
     model = refmodel.init(cfg, seed=0)
     toks = tokens(cfg, 2, LENGTH)
     full = refmodel.forward(model, toks)
     assert full.shape == (2, LENGTH, cfg.vocab_size)
-    assert_close(incremental_logits(model, toks, [5]), full)
+    assert_logits_close(incremental_logits(model, toks, [5]), full)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -35,7 +47,7 @@ def test_chunked_prefill_equals_forward(kind):
     toks = tokens(cfg, 2, LENGTH, seed=2)
     full = refmodel.forward(model, toks)
     chunks = [3, cfg.window + 3, LENGTH - cfg.window - 6]
-    assert_close(incremental_logits(model, toks, chunks), full)
+    assert_logits_close(incremental_logits(model, toks, chunks), full)
 
 
 PATTERNS = {
@@ -50,13 +62,11 @@ PATTERNS = {
 @pytest.mark.parametrize("ffn", ["dense", "moe"])
 @pytest.mark.parametrize("name", PATTERNS)
 def test_hybrid_layer_patterns(name, ffn):
-    pattern = tuple(k for k in PATTERNS[name] if k in KINDS or k == "none")
-    if not pattern:
-        pytest.skip(f"kinds of {name} not registered")
+    pattern = PATTERNS[name]
     cfg = tiny(layer_pattern=pattern, n_layers=len(pattern), ffn=ffn,
                ffn_pattern=("moe" if ffn == "moe" else "dense", "none") if "none" in pattern
                else None)
     assert cfg.layer_kinds == pattern
     model = refmodel.init(cfg, seed=3)
     toks = tokens(cfg, 1, LENGTH, seed=4)
-    assert_close(incremental_logits(model, toks, [4, 9]), refmodel.forward(model, toks))
+    assert_logits_close(incremental_logits(model, toks, [4, 9]), refmodel.forward(model, toks))

@@ -160,6 +160,7 @@ class LinearAttention(AttentionLayer):
             return y.astype(dtype) @ self.out_proj[...]
 
     def __call__(self, x: jax.Array, start: jax.Array, cache: LinearCache | None):
+        """x [B, T, D] -> y [B, T, D]; `start` is unused: the state is the position."""
         B, T, _ = x.shape
         N, K, H, P, Q, X = sizes(self.cfg)
         with jax.named_scope("qkv_proj"):
@@ -254,17 +255,24 @@ def state_update_cost(cfg: ModelConfig, batch: int, dt: Dtypes) -> Cost:
 
 
 def chunk_scan_cost(cfg: ModelConfig, batch: int, new: int, dt: Dtypes) -> Cost:
-    """`chunked` on `new` tokens padded to M chunks of C. Per chunk: q k^T per key head
-    2 C^2 H; per value head: decay mask (segsum, exp, product) 3 C^2, q and k decays 2 C H,
-    u = beta v C P, state to output 2 C H P, intra-chunk scores @ u 2 C^2 P, state hand-over
-    2 C H P + 2 H P. The delta rule adds k k^T (2 C^2 H per key head), A 2 C^2, the W
-    right-hand side 2 C H, the triangular solve C^2 (P + H) and u -= W S 2 C H P + C P.
-    The state is read and written once per call (it stays on chip between chunks)."""
+    """`chunked` on `new` tokens padded to M chunks of C, as executed. Per chunk:
+
+    per key head    q k^T 2 C^2 H (the delta rule: and k k^T, 2 C^2 H more)
+    per value head  decay mask (segsum, exp, times q k^T) 3 C^2; q and k decays 2 C H;
+                    u = beta v and the sum of o's two terms 2 C P; from the state
+                    q S 2 C H P; within the chunk scores u 2 C^2 P; hand-over
+                    a S + k^T u 2 C H P + 2 H P; Mamba-2's skip D x 2 C P
+    delta rule      A 2 C^2, W's right-hand side 2 C H, the triangular solve for
+                    [U | W] C^2 (P + H), u = U - W S 2 C H P + C P
+
+    The state is read and written once per call (it stays on chip between chunks).
+    XLA's cost analysis counts a `lax.scan` body once, not M times; with the scan unrolled
+    it agrees to ~10% (it counts a cumsum of length C as C adds per element)."""
     N, K, H, P, _, _ = sizes(cfg)
     C = cfg.linear_chunk
     M = -(-new // C)
     per_key = 2 * C * C * H
-    per_value = 3 * C * C + 2 * C * H + C * P + 4 * C * H * P + 2 * C * C * P + 2 * H * P
+    per_value = 3 * C * C + 2 * C * H + 2 * C * P + 4 * C * H * P + 2 * C * C * P + 2 * H * P
     if cfg.linear_rule == "gated_delta":
         per_key += 2 * C * C * H
         per_value += 2 * C * C + 2 * C * H + C * C * (P + H) + 2 * C * H * P + C * P

@@ -4,9 +4,9 @@
 Keys and values are not cached per head. Each token is compressed to one latent
 c = RMSNorm(x W_DKV) of rank R (kv_lora_rank) plus one decoupled RoPE key of Q channels
 (qk_rope_dim) shared by all N heads, so the cache holds R + Q numbers per token per layer
-(DeepSeek-V3: 512 + 64 = 576, against 2 N H = 32,768 for MHA at N = 128, H = 128). The per-head
-keys and values are linear in the latent: k_nope = c W_UK, v = c W_UV, with W_UK and W_UV the
-two halves of `wkv_b` [R, N, P + U].
+(DeepSeek-V3: 512 + 64 = 576, against N (P + Q + U) = 40,960 for the per-head keys and values
+it stands for). The per-head keys and values are linear in the latent: k_nope = c W_UK,
+v = c W_UV, with W_UK and W_UV the two halves of `wkv_b` [R, N, P + U].
 
 Letters local to this file (the rest are the package alphabet, `refmodel/__init__.py`):
 C q_lora_rank (compressed query), P qk_nope_dim, Q qk_rope_dim, U v_head_dim,
@@ -185,7 +185,8 @@ class MultiHeadLatentAttention(AttentionLayer):
     @classmethod
     def costs(cls, cfg: ModelConfig, kind: str, batch: int, new: int, context: int,
               dt: Dtypes) -> dict[str, Cost]:
-        """One layer: `new` queries per sequence attend to keys = context + new positions."""
+        """One layer with a cache: `new` queries per sequence attend to keys = context + new
+        positions, in the form `cfg.mla_absorb` selects (the cache-free forward is naive)."""
         D, N, C, R = cfg.d_model, cfg.n_heads, cfg.q_lora_rank, cfg.kv_lora_rank
         P, Q, U = cfg.qk_nope_dim, cfg.qk_rope_dim, cfg.v_head_dim
         M, keys = batch * new, context + new  # query tokens, key positions per sequence

@@ -17,7 +17,9 @@ cache slot), take the k with the highest I(t, s); equal scores go to the earlier
 (`jax.lax.top_k` keeps the lower index first). The chosen indices are sorted by position.
 With fewer than k visible keys, every visible key is chosen and the remaining picks are
 masked out of the softmax, so an invisible token never takes part. With k >= the number of
-visible keys the layer is dense GQA, bit for bit in the tests.
+visible keys the selection is exactly the causal mask and the layer is dense GQA (equal to
+float32 rounding: the gathered keys make each query its own batch row, so XLA runs the same
+dot products with other matmul shapes and sums in another order).
 
 The lesson, in the costs below: a decode step's attention reads O(k) K/V entries per
 sequence instead of O(S), but the indexer still reads all S of the small indexer keys
@@ -156,6 +158,7 @@ class SparseAttention(GroupedQueryAttention):
             + Cost(flops=2.0 * M * S * I * J + INDEX_FLOPS * M * S * I,
                    kv_bytes=batch * (S + new) * J * dt.c)  # read S keys, write `new`
         )
-        # Selection is counted as one compare per candidate score (a sort does more).
-        out["topk_select"] = Cost(flops=M * S, kv_bytes=gathered, act_bytes=M * S * dt.a)
+        # top-k and gathers count 0 FLOPs (as in XLA's cost analysis): selection moves the
+        # [B, T, S] index scores and the selected K/V, and multiplies nothing.
+        out["topk_select"] = Cost(kv_bytes=gathered, act_bytes=M * S * dt.a)
         return out

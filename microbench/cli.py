@@ -1,0 +1,54 @@
+"""Command line: `python -m microbench <command> ...`, subcommands registered from one table.
+
+Each command lives in a module that defines `add_args(parser)` and `run(args) -> int`; the
+table COMMANDS maps a name to (help, module path), and modules are imported only when the
+parser is built, so a command's heavy imports (jax) stay inside its `run`. To add a command,
+append a line to COMMANDS (e.g. `Command("phases", "time the model's phases",
+"microbench.phases_cli")`), or call `register(...)` before `main()`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    module: str  # defines add_args(parser) and run(args) -> int
+
+
+COMMANDS: list[Command] = [
+    Command("peaks", "measure this machine's roofs (GEMM, FMA, STREAM, sweeps)",
+            "microbench.commands.peaks"),
+    Command("plot", "redraw the roofline from saved results (several machines at once)",
+            "microbench.commands.plot"),
+    Command("hardware", "list the spec database (vendor peaks, dense, with sources)",
+            "microbench.commands.hardware"),
+]
+
+
+def register(name: str, help: str, module: str) -> None:
+    """Add (or replace) a subcommand at run time."""
+    COMMANDS[:] = [c for c in COMMANDS if c.name != name] + [Command(name, help, module)]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m microbench",
+                                     description="Measure and draw this machine's roofline.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for cmd in COMMANDS:
+        mod = importlib.import_module(cmd.module)
+        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        mod.add_args(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args._run(args) or 0)

@@ -1,0 +1,25 @@
+"""`run`: the main job — measure this machine's roofs and the model's phases, draw every figure."""
+
+from __future__ import annotations
+
+import time
+
+
+def add_args(p) -> None:
+    p.add_argument("--quick", action="store_true", help="about a minute on a 2-core laptop")
+    p.add_argument("--out", default="results/microbench", help="output folder")
+    p.add_argument("--no-peer", action="store_true", help="skip the PyTorch peer")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def run(args) -> int:
+    from microbench import suite
+
+    t0 = time.perf_counter()
+    out = suite.run(args.quick, args.out, peer=not args.no_peer,
+                    progress=not args.no_progress)
+    print(suite.summary_markdown(out["peaks"], out["phases"]))
+    for f in out["files"]:
+        print(f"wrote {f}")
+    print(f"done in {time.perf_counter() - t0:.0f} s")
+    return 0

@@ -1,0 +1,134 @@
+"""The speed report: is our decode bandwidth-bound and our prefill compute-bound, for real?
+
+Regime: the `medium` preset (~317M parameters, 1.27 GB of float32 weights, ~40x this
+machine's last-level cache). A batch-1 decode step must stream every weight from DRAM, so its
+achieved bytes/s over the DRAM roof measured on the same machine says how close the decode
+loop gets to the hardware; a long prefill is a chain of large GEMMs, so its achieved FLOP/s
+over the measured float32 GEMM roof says the same for compute. A peer program runs the same
+shape in the same run: Hugging Face transformers' LlamaForCausalLM in PyTorch (float32,
+batch 1, KV cache), when torch and transformers are installed (`pip install -e ".[peers]"`).
+
+Targets (issue 6): decode >= 0.70 of DRAM bandwidth, prefill >= 0.60 of the GEMM roof, and
+decode >= 1.5x the PyTorch peer's speed. Only reported, never asserted in tests.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import refmodel
+from microbench.phases import Timing, compute_roof, measure_point
+from refmodel import costs
+
+MODEL = "medium"
+DECODE_CONTEXT = 128
+PREFILL_LEN = 512
+TARGETS = {"decode_over_dram": 0.70, "prefill_over_gemm": 0.60, "speedup_over_peer": 1.5}
+
+
+def main_memory_roof(peaks: dict) -> dict:
+    memory = [r for r in peaks["roofs"]["memory"] if not r.get("suspect")]
+    main = [r for r in memory if r["level"] in ("DRAM", "HBM")]
+    if not main:
+        raise ValueError("peaks.roofs.memory: no DRAM/HBM roof to compare the decode against")
+    return main[0]
+
+
+REPORT_TIMING = Timing(budget_s=3.0)
+
+
+def measure_report(peaks: dict, timing: Timing = REPORT_TIMING, peer: bool = True) -> dict:
+    """Decode and prefill of the medium model against this machine's roofs (and a peer)."""
+    cfg = refmodel.presets.get(MODEL)
+    phases = refmodel.Phases(refmodel.init(cfg, seed=0))
+    decode = measure_point(phases, "decode", 1, DECODE_CONTEXT, peaks, timing, label=MODEL)
+    prefill = measure_point(phases, "prefill", 1, PREFILL_LEN, peaks, timing, label=MODEL)
+    del phases
+    dram, gemm = main_memory_roof(peaks), compute_roof(peaks["roofs"], cfg.dtype)
+    out = {
+        "model": MODEL, "params": costs.param_counts(cfg)["total"],
+        "decode": decode, "prefill": prefill,
+        "dram_roof_bytes_per_s": dram["value"], "gemm_roof_flops_per_s": gemm["value"],
+        "decode_over_dram": decode["bytes_per_s"]["median"] / dram["value"],
+        "prefill_over_gemm": prefill["flops_per_s"]["median"] / gemm["value"],
+        "targets": TARGETS, "peer": None, "speedup_over_peer": None,
+    }
+    if peer:
+        out["peer"] = hf_peer(cfg, DECODE_CONTEXT)
+        if out["peer"].get("step_s"):
+            out["speedup_over_peer"] = out["peer"]["step_s"] / decode["timing"]["median"]
+            out["peer"]["bytes_per_s"] = decode["bytes"] / out["peer"]["step_s"]
+    return out
+
+
+PEER_SCRIPT = r"""
+import json, sys, time
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+spec = json.loads(sys.argv[1])
+torch.manual_seed(0)
+cfg = LlamaConfig(vocab_size=spec["V"], hidden_size=spec["D"], intermediate_size=spec["F"],
+                  num_hidden_layers=spec["L"], num_attention_heads=spec["N"],
+                  num_key_value_heads=spec["K"], head_dim=spec["H"], tie_word_embeddings=False,
+                  max_position_embeddings=4096, torch_dtype=torch.float32)
+model = LlamaForCausalLM(cfg).eval()
+with torch.inference_mode():
+    ids = torch.randint(0, spec["V"], (1, spec["S"]))
+    out = model(ids, use_cache=True)
+    past, tok = out.past_key_values, ids[:, -1:]
+    times = []
+    for i in range(spec["steps"]):
+        t = time.perf_counter()
+        out = model(tok, past_key_values=past, use_cache=True)
+        past = out.past_key_values
+        times.append(time.perf_counter() - t)
+times = sorted(times[3:])
+print(json.dumps({"step_s": times[len(times) // 2], "samples": times,
+                  "torch": torch.__version__, "threads": torch.get_num_threads(),
+                  "params": sum(p.numel() for p in model.parameters())}))
+"""
+
+
+def hf_peer(cfg: refmodel.ModelConfig, context: int, steps: int = 23) -> dict:
+    """Median decode-step time of transformers' Llama of the same shape, or why it is absent."""
+    spec = {"V": cfg.vocab_size, "D": cfg.d_model, "F": cfg.d_ff, "L": cfg.n_layers,
+            "N": cfg.n_heads, "K": cfg.n_kv_heads, "H": cfg.head_size, "S": context,
+            "steps": steps}
+    try:
+        proc = subprocess.run([sys.executable, "-c", PEER_SCRIPT, json.dumps(spec)],
+                              capture_output=True, text=True, timeout=900)
+    except subprocess.TimeoutExpired:
+        return {"name": "transformers LlamaForCausalLM (PyTorch, f32)", "error": "timed out"}
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        return {"name": "transformers LlamaForCausalLM (PyTorch, f32)",
+                "error": f"not run: {last}"}
+    return {"name": "transformers LlamaForCausalLM (PyTorch, f32)",
+            **json.loads(proc.stdout.strip().splitlines()[-1])}
+
+
+def format_report(rep: dict) -> str:
+    """The lines the `phases --report` command prints."""
+    d, p = rep["decode"], rep["prefill"]
+    lines = [
+        f"model '{rep['model']}' ({rep['params'] / 1e6:.0f}M params, float32)",
+        f"decode  batch 1 @ context {d['context']}: {d['timing']['median'] * 1e3:.1f} ms/step, "
+        f"{d['bytes_per_s']['median'] / 1e9:.1f} GB/s = {rep['decode_over_dram']:.2f} of the "
+        f"measured DRAM roof {rep['dram_roof_bytes_per_s'] / 1e9:.1f} GB/s "
+        f"(target >= {TARGETS['decode_over_dram']})",
+        f"prefill batch 1 x {p['context']} tokens: {p['timing']['median'] * 1e3:.0f} ms, "
+        f"{p['flops_per_s']['median'] / 1e9:.0f} GFLOP/s = {rep['prefill_over_gemm']:.2f} of the "
+        f"measured f32 GEMM roof {rep['gemm_roof_flops_per_s'] / 1e9:.0f} GFLOP/s "
+        f"(target >= {TARGETS['prefill_over_gemm']})",
+    ]
+    peer = rep.get("peer")
+    if peer and peer.get("step_s"):
+        lines.append(f"peer {peer['name']} (torch {peer['torch']}): "
+                     f"{peer['step_s'] * 1e3:.1f} ms/step, {peer['bytes_per_s'] / 1e9:.1f} GB/s; "
+                     f"ours is {rep['speedup_over_peer']:.2f}x faster "
+                     f"(target >= {TARGETS['speedup_over_peer']})")
+    elif peer:
+        lines.append(f"peer {peer['name']}: {peer.get('error')}")
+    return "\n".join(lines)

@@ -1,0 +1,197 @@
+"""Sliding-window attention: a numpy window-mask oracle, wrap-around of the ring cache, equality
+with GQA when the window covers the sequence, O(W) cache shapes, pinned shapes and costs.
+
+The golden test over dense and MoE (3W + 2 tokens, chunks shorter and longer than W) is in
+test_golden.py, which runs every registered kind; here are the sliding-specific cases.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import assert_close, incremental_logits, tiny, tokens
+from flax import nnx
+
+import refmodel
+from refmodel.attention import get
+from refmodel.attention.sliding import RingCache, SlidingWindowAttention
+from refmodel.costing import Dtypes
+
+W = 8
+
+
+def np_attention(q, k, v, allowed, scale, sinks=None):
+    """Explicit-mask softmax attention in float64: q [B,T,K,G,H], k/v [B,S,K,H], allowed
+    [B,T,S]; sinks [K,G] add exp(sink) to the denominator."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    s = np.einsum("btkgh,bskh->btkgs", q, k) * scale
+    s = np.where(allowed[:, :, None, None, :], s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    if sinks is not None:
+        m = np.maximum(m, np.asarray(sinks, np.float64)[None, None, :, :, None])
+    p = np.exp(s - m)
+    den = p.sum(-1, keepdims=True)
+    if sinks is not None:
+        den = den + np.exp(np.asarray(sinks, np.float64)[None, None, :, :, None] - m)
+    return np.einsum("btkgs,bskh->btkgh", p / den, v)
+
+
+def window_oracle(layer, x, window):
+    """The layer's projections, then explicit window-mask attention, then its output."""
+    B, T, _ = x.shape
+    q, k, v = layer.project(x, jnp.arange(T, dtype=jnp.int32))
+    t, s = np.arange(T)[:, None], np.arange(T)[None, :]
+    allowed = np.broadcast_to((s <= t) & (t - s < window), (B, T, T))
+    sinks = np.asarray(layer.sinks[...]).reshape(layer.K, -1) if layer.cfg.attn_sinks else None
+    o = np_attention(q, k, v, allowed, layer.cfg.softmax_scale, sinks)
+    return layer.output(x, jnp.asarray(o, jnp.float32))
+
+
+_JITTED = {}
+
+
+def jitted(layer):
+    """The layer's call, jitted (one compile per chunk length instead of eager op dispatch)."""
+    if _JITTED.get(id(layer), (None,))[0] is not layer:  # holds the layer: ids stay unique
+        graphdef, state = nnx.split(layer)
+        fn = jax.jit(lambda state, x, start, cache: nnx.merge(graphdef, state)(x, start, cache))
+        _JITTED[id(layer)] = (layer, lambda x, t, cache: fn(state, x, jnp.int32(t), cache))
+    return _JITTED[id(layer)][1]
+
+
+def run_cached(layer, x, chunks, max_len):
+    """Feed x [B, T, D] through the layer's cache in the given chunk lengths, then decode
+    the rest one token at a time; returns (y [B, T, D], cache after the chunks, final cache)."""
+    B, T, _ = x.shape
+    call = jitted(layer)
+    cache = type(layer).init_cache(layer.cfg, layer.kind, B, max_len)
+    out, t = [], 0
+    for n in list(chunks) + [1] * (T - sum(chunks)):
+        y, cache = call(x[:, t:t + n], t, cache)
+        out.append(y)
+        t += n
+        if t == sum(chunks):
+            prefilled = cache
+    return jnp.concatenate(out, axis=1), prefilled, cache
+
+
+def make_layer(cls, cfg, kind, seed=0):
+    layer = cls(cfg, kind=kind, rngs=nnx.Rngs(seed))
+    layer.kind = kind
+    if cfg.attn_sinks:  # zero at init; make them matter
+        layer.sinks[...] = jax.random.normal(jax.random.key(seed + 7), layer.sinks.shape)
+    return layer
+
+
+def test_matches_window_oracle_past_wrap_around():
+    """3W tokens: the no-cache forward, chunks of 3 (< W) and 11 (> W) then decode, and a
+    one-shot prefill of 14 then decode, all equal the explicit window-mask oracle (gpt-oss
+    sink logits included); chunked and one-shot prefill leave the same ring."""
+    cfg = tiny(attention="sliding", window=W, attn_sinks=True)
+    layer = make_layer(SlidingWindowAttention, cfg, "sliding")
+    T = 3 * W
+    x = jax.random.normal(jax.random.key(0), (2, T, cfg.d_model))
+    want = window_oracle(layer, x, W)
+    assert_close(jitted(layer)(x, 0, None)[0], want)
+    got, chunked, cache = run_cached(layer, x, [3, 11], max_len=4)
+    assert_close(got, want)
+    got, one_shot, _ = run_cached(layer, x, [14], max_len=4)
+    assert_close(got, want)
+    for a, b in zip(jax.tree.leaves(chunked), jax.tree.leaves(one_shot), strict=True):
+        assert_close(a, b)
+    # the ring holds the last W positions, each in slot position mod W
+    np.testing.assert_array_equal(np.asarray(cache.pos) % W, np.arange(W))
+    np.testing.assert_array_equal(np.sort(np.asarray(cache.pos)), np.arange(T - W, T))
+
+
+def test_window_covering_the_sequence_equals_gqa():
+    cfg = tiny(attention="sliding", window=16)
+    gqa = make_layer(get("gqa"), cfg, "gqa", seed=3)
+    sliding = make_layer(SlidingWindowAttention, cfg, "sliding", seed=4)
+    nnx.update(sliding, nnx.state(gqa))
+    x = jax.random.normal(jax.random.key(1), (2, 16, cfg.d_model))
+    np.testing.assert_array_equal(jitted(sliding)(x, 0, None)[0], jitted(gqa)(x, 0, None)[0])
+    assert_close(run_cached(sliding, x, [5], max_len=16)[0],
+                 run_cached(gqa, x, [5], max_len=16)[0])
+
+
+def test_pure_sliding_model_runs_past_max_len():
+    """max_len is ignored: a cache made for 4 tokens takes 3W + 2, and the logits of a
+    prefill longer than W then decode past wrap-around equal the forward pass."""
+    cfg = tiny(attention="sliding", window=W, n_layers=1)
+    model = refmodel.init(cfg, seed=0)
+    toks = tokens(cfg, 2, 3 * W + 2)
+    cache = refmodel.init_cache(cfg, 2, max_len=4)
+    assert cache.max_len is None
+    assert_close(incremental_logits(model, toks, [W + 3], max_len=4), refmodel.forward(model, toks))
+
+
+def test_gpt_oss_like_golden():
+    """Alternating sliding / full layers with sinks and biases (gpt-oss): forward == prefill
+    + decode past the window's wrap-around (MoE is covered by test_golden.py)."""
+    cfg = tiny(layer_pattern=("sliding", "gqa"), window=W, attn_sinks=True, attn_bias=True)
+    model = refmodel.init(cfg, seed=2)
+    for block in model.blocks:  # sinks and biases start at zero; make them matter
+        for name in ("sinks", "bq", "bk", "bv", "bo"):
+            p = getattr(block.attn, name)
+            p[...] = 0.5 * jax.random.normal(jax.random.key(len(name)), p.shape)
+    toks = tokens(cfg, 2, 3 * W + 2, seed=5)
+    assert_close(incremental_logits(model, toks, [W + 3]), refmodel.forward(model, toks))
+
+
+def test_cache_shape_does_not_grow_with_max_len():
+    cfg = tiny(attention="sliding", window=W)
+    small = jax.eval_shape(lambda: refmodel.init_cache(cfg, 2, 16))
+    large = jax.eval_shape(lambda: refmodel.init_cache(cfg, 2, 4096))
+    shapes = lambda c: [(a.shape, a.dtype) for a in jax.tree.leaves(c.layers)]  # noqa: E731
+    assert shapes(small) == shapes(large)
+    K, H = cfg.n_kv_heads, cfg.head_size
+    ring = small.layers[0]
+    assert isinstance(ring, RingCache)
+    assert (ring.k.shape, ring.v.shape, ring.pos.shape) == ((2, W, K, H),) * 2 + ((W,),)
+    assert ring.pos.dtype == jnp.int32
+
+
+@pytest.mark.parametrize("T", [1, 5, 2 * W + 3])
+def test_shape_comments(T):
+    cfg = tiny(attention="sliding", window=W)
+    B, D, K, G, H = 2, cfg.d_model, cfg.n_kv_heads, cfg.groups, cfg.head_size
+    layer = make_layer(SlidingWindowAttention, cfg, "sliding")
+    cache = SlidingWindowAttention.init_cache(cfg, "sliding", B, 64)
+    x = jax.ShapeDtypeStruct((B, T, D), jnp.float32)
+    q, k, v = jax.eval_shape(lambda x: layer.project(x, jnp.arange(T)), x)
+    assert (q.shape, k.shape, v.shape) == ((B, T, K, G, H), (B, T, K, H), (B, T, K, H))
+    y, new = jax.eval_shape(lambda x, c: layer(x, jnp.int32(3), c), x, cache)
+    assert y.shape == (B, T, D)
+    assert jax.tree.map(lambda a: a.shape, new) == jax.tree.map(lambda a: a.shape, cache)
+
+
+@pytest.mark.parametrize("changes", [{}, {"attn_bias": True, "attn_sinks": True,
+                                          "qk_norm": True, "attn_out_gate": True}])
+def test_param_counts_match_the_layer(changes):
+    cfg = tiny(attention="sliding", **changes)
+    layer = make_layer(SlidingWindowAttention, cfg, "sliding")
+    n = sum(a.size for a in jax.tree.leaves(nnx.state(layer, nnx.Param)))
+    assert sum(SlidingWindowAttention.param_counts(cfg, "sliding").values()) == n
+
+
+def test_decode_cost_stops_growing_at_the_window():
+    cfg = tiny(attention="sliding", window=W)
+    dt, B, K, H = Dtypes(kv="bfloat16"), 4, cfg.n_kv_heads, cfg.head_size
+    cls, gqa = SlidingWindowAttention, get("gqa")
+
+    def decode_kv(c, context):
+        return sum(op.kv_bytes for op in c.costs(cfg, "sliding", B, 1, context, dt).values())
+
+    ring = 2 * B * W * K * H * dt.c  # K and V of all W slots, empty ones too
+    write = 2 * B * K * H * dt.c
+    for context in (0, W - 1, W, 10 * W, 1000 * W):
+        assert decode_kv(cls, context) == ring + write
+        assert cls.cache_bytes(cfg, "sliding", B, context, dt) == ring * min(context, W) / W
+    assert decode_kv(gqa, 1000 * W) > 500 * decode_kv(cls, 1000 * W)  # GQA keeps growing
+    # prefill of T > W scores W old slots + T new keys and writes only the last W
+    pre = cls.costs(cfg, "sliding", B, 3 * W, 0, dt)
+    assert pre["attn_scores"].flops == 2 * B * 3 * W * cfg.n_heads * 4 * W * H
+    assert pre["kv_write"].kv_bytes == ring

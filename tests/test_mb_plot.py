@@ -1,0 +1,99 @@
+"""The roofline figure is drawn from a saved results file: log-log axes, the expected labelled
+lines, suspect values drawn as errors; the CLI redraws it and lists the spec database."""
+
+import json
+import struct
+import sys
+import types
+
+import pytest
+
+from microbench import cli, harness, plot, synthetic
+
+
+def _png_size(path):
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", head[16:24])
+
+
+@pytest.fixture
+def saved(tmp_path):
+    return harness.write_json_atomic(tmp_path / "peaks.json", synthetic.result())
+
+
+def test_plot_files_writes_a_sensible_png(saved, tmp_path):
+    out = plot.plot_files([saved], tmp_path / "figs")
+    width, height = _png_size(out)
+    assert width >= 1200 and height >= 900
+    assert out.stat().st_size > 30_000
+
+
+def test_roofline_content(saved):
+    fig = plot.roofline_figure(plot.load_results([saved]))
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    assert "FLOP / byte" in ax.get_xlabel() and "FLOP / s" in ax.get_ylabel()
+    assert "synthetic machine" in fig.get_suptitle()
+    labels = ax.get_legend_handles_labels()[1]
+    for expected in ("measured GEMM float32", "measured GEMM bfloat16", "measured vector FMA",
+                     "measured DRAM bandwidth", "measured L1 bandwidth",
+                     "vendor float32 peak", "AI sweep"):
+        assert any(label.startswith(expected) for label in labels), expected
+    assert not any("SUSPECT" in label for label in labels)
+    dashed = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert dashed == [] or all("vendor" in line.get_label() for line in dashed)
+    assert min(t.get_fontsize() for t in (ax.xaxis.label, ax.yaxis.label)) >= 12
+
+
+def test_suspect_value_is_drawn_as_an_error_not_a_roof():
+    peak = synthetic.spec().peak_flops["float32"]
+    fig = plot.roofline_figure([synthetic.result(extra_gemm=2 * peak)])
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert any(label.startswith("SUSPECT") for label in labels)
+    gemm = next(label for label in labels if label.startswith("measured GEMM float32"))
+    assert plot.fmt_si(2 * peak, "FLOP/s") not in gemm
+
+
+def test_several_machines_on_one_chart(tmp_path):
+    paths = [harness.write_json_atomic(tmp_path / f"{m}.json", synthetic.result(machine=m))
+             for m in ("box A", "box B")]
+    labels = plot.roofline_figure(plot.load_results(paths)).axes[0].get_legend_handles_labels()[1]
+    assert any(lbl.startswith("[box A]") for lbl in labels)
+    assert any(lbl.startswith("[box B]") for lbl in labels)
+
+
+def test_invalid_results_file_is_refused(tmp_path):
+    bad = synthetic.result()
+    del bad["roofs"]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="result.roofs"):
+        plot.load_results([path])
+
+
+def test_fmt_si():
+    assert plot.fmt_si(2.01e11, "FLOP/s") == "201 GFLOP/s"
+    assert plot.fmt_si(5.3e12, "B/s") == "5.3 TB/s"
+
+
+def test_cli_plot_redraws_from_saved_results(saved, tmp_path, capsys):
+    assert cli.main(["plot", str(saved), "--out", str(tmp_path / "o")]) == 0
+    assert (tmp_path / "o" / "roofline.png").exists()
+
+
+def test_cli_hardware_lists_devices_with_ridges(capsys):
+    assert cli.main(["hardware"]) == 0
+    out = capsys.readouterr().out
+    assert "H100 SXM" in out and "ridge 295 FLOP/B" in out and "Cerebras WSE-3" in out
+
+
+def test_cli_register_adds_a_subcommand(monkeypatch):
+    calls = []
+    mod = types.ModuleType("fake_cmd")
+    mod.add_args = lambda p: p.add_argument("--n", type=int, default=1)
+    mod.run = lambda args: calls.append(args.n) or 0
+    monkeypatch.setitem(sys.modules, "fake_cmd", mod)
+    monkeypatch.setattr(cli, "COMMANDS", list(cli.COMMANDS))
+    cli.register("phases", "time the phases", "fake_cmd")
+    assert cli.main(["phases", "--n", "3"]) == 0 and calls == [3]
