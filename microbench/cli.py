@@ -29,6 +29,12 @@ COMMANDS: list[Command] = [
             "microbench.commands.plot"),
     Command("hardware", "list the spec database (vendor peaks, dense, with sources)",
             "microbench.commands.hardware"),
+    Command("phases", "time the model's phases against the roofs (--report: speed report)",
+            "microbench.commands.phases"),
+    Command("run", "the main job: roofs, phase sweeps, every figure and a summary table",
+            "microbench.commands.run"),
+    Command("figures", "redraw every figure in figures/ from figures/data",
+            "microbench.commands.figures"),
 ]
 
 

@@ -33,6 +33,9 @@ import math
 
 SCHEMA_VERSION = 1
 KIND_PEAKS = "microbench.peaks"
+KIND_PHASES = "microbench.phases"
+PHASE_NAMES = ("prefill", "decode_attention", "decode_ffn", "decode")
+SWEEPS = ("roofline", "batch", "context")
 
 _NUM = "number"
 
@@ -125,8 +128,11 @@ def validate_result(obj) -> dict:
     version = _require(obj, "result", "schema_version")
     if version != SCHEMA_VERSION:
         _fail("result.schema_version", version, f"{SCHEMA_VERSION} (this code's version)")
-    if _require(obj, "result", "kind") != KIND_PEAKS:
-        _fail("result.kind", obj["kind"], repr(KIND_PEAKS))
+    kind = _require(obj, "result", "kind")
+    if kind == KIND_PHASES:
+        return _validate_phases(obj)
+    if kind != KIND_PEAKS:
+        _fail("result.kind", kind, f"{KIND_PEAKS!r} or {KIND_PHASES!r}")
     _check("result.machine", _require(obj, "result", "machine"), "str")
     _check("result.quick", _require(obj, "result", "quick"), "bool")
     env = _require(obj, "result", "environment")
@@ -152,4 +158,67 @@ def validate_result(obj) -> dict:
         _check("result.roofs." + kind, items, "list")
         for i, r in enumerate(items):
             _roof(r, f"result.roofs.{kind}[{i}]")
+    return obj
+
+
+# Phases results (microbench.suite.measure_phases) ---------------------------------------------
+#
+#     schema_version, kind = "microbench.phases", machine, quick, environment, wall_s
+#     model    {preset, params, dtype, config}
+#     peaks    {machine, roofs: {compute, memory}, cache_capacities: [[level, bytes], ...]}
+#     plan     the sweep plan (microbench.sweeps.PhasePlan)
+#     points   [point]: {sweep, variant, label, phase, batch, context, tokens, dtype,
+#              flops, bytes, weight_bytes, kv_bytes, act_bytes, intensity, ops: {op: counts},
+#              timing, flops_per_s, bytes_per_s, tokens_per_s, working_set_bytes,
+#              predicted: {time_s, bound, memory_level, flops_per_s, ...} | absent,
+#              measured_over_predicted}
+#     modelled {throughput: [...], crossover: [...], kv: [...]}  (refmodel.costs on spec devices)
+#     report   null, or the speed report (microbench.report.measure_report)
+
+
+def _point(p, path: str):
+    _check(path, p, "dict")
+    for key, allowed in (("sweep", SWEEPS), ("phase", PHASE_NAMES)):
+        value = _require(p, path, key)
+        if value not in allowed:
+            _fail(f"{path}.{key}", value, f"one of {list(allowed)}")
+    _check(path + ".variant", _require(p, path, "variant"), "str")
+    _check(path + ".batch", _require(p, path, "batch"), "int", positive=True)
+    _check(path + ".context", _require(p, path, "context"), "int")
+    for key in ("flops", "bytes", "intensity"):
+        _check(f"{path}.{key}", _require(p, path, key), _NUM, positive=True)
+    _timing(_require(p, path, "timing"), path + ".timing")
+    _rate(_require(p, path, "flops_per_s"), path + ".flops_per_s")
+    _rate(_require(p, path, "bytes_per_s"), path + ".bytes_per_s")
+    if "predicted" in p:
+        pred = p["predicted"]
+        _check(path + ".predicted", pred, "dict")
+        _check(path + ".predicted.time_s", _require(pred, path + ".predicted", "time_s"), _NUM,
+               positive=True)
+        _check(path + ".measured_over_predicted", _require(p, path, "measured_over_predicted"),
+               _NUM, positive=True)
+
+
+def _validate_phases(obj: dict) -> dict:
+    _check("result.machine", _require(obj, "result", "machine"), "str")
+    _check("result.quick", _require(obj, "result", "quick"), "bool")
+    _check("result.environment", _require(obj, "result", "environment"), "dict")
+    model = _require(obj, "result", "model")
+    _check("result.model", model, "dict")
+    _check("result.model.preset", _require(model, "result.model", "preset"), "str")
+    peaks = _require(obj, "result", "peaks")
+    _check("result.peaks", peaks, "dict")
+    roofs = _require(peaks, "result.peaks", "roofs")
+    for kind in ("compute", "memory"):
+        for i, r in enumerate(_require(roofs, "result.peaks.roofs", kind)):
+            _roof(r, f"result.peaks.roofs.{kind}[{i}]")
+    points = _require(obj, "result", "points")
+    _check("result.points", points, "list")
+    for i, p in enumerate(points):
+        _point(p, f"result.points[{i}]")
+    modelled = _require(obj, "result", "modelled")
+    _check("result.modelled", modelled, "dict")
+    for key in ("throughput", "crossover", "kv"):
+        _check(f"result.modelled.{key}", _require(modelled, "result.modelled", key), "list")
+    _check("result.report", _require(obj, "result", "report"), "dict", nullable=True)
     return obj

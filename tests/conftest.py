@@ -28,12 +28,12 @@ def incremental_logits(model, toks, chunks: list[int], max_len: int | None = Non
     returns logits for every position [B, T, V]."""
     B, T = toks.shape
     cache = refmodel.init_cache(model.cfg, B, max_len or T)
-    out, t = [], 0
+    out, start = [], 0
     for n in chunks:
-        logits, cache = refmodel.prefill(model, toks[:, t:t + n], cache)
+        logits, cache = refmodel.prefill(model, toks[:, start:start + n], cache)
         out.append(logits)
-        t += n
-    for t in range(t, T):
+        start += n
+    for t in range(start, T):
         logits, cache = refmodel.decode_step(model, toks[:, t], cache)
         out.append(logits[:, None])
     return jnp.concatenate(out, axis=1)

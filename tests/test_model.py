@@ -164,3 +164,16 @@ def test_phase_halves_compose_to_the_layers_of_a_decode_step():
         ref, _ = block.mix(ref, c2.pos, c2.layers[i])
         ref = block.feed(ref)
     assert_close(h, ref[:, 0], 1e-6)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_grouped_experts_equal_ragged_dot(rows, rng):
+    """The tiled per-expert loop == jax.lax.ragged_dot, the library's grouped matmul."""
+    cfg = tiny(ffn="moe")
+    moe = MoE(cfg, rngs=nnx.Rngs(1))
+    xs = jnp.asarray(rng.standard_normal((rows, cfg.d_model)), jnp.float32)
+    expert = np.sort(rng.integers(0, cfg.n_experts, rows))
+    sizes = jnp.asarray(np.bincount(expert, minlength=cfg.n_experts), jnp.int32)
+    gate = jax.lax.ragged_dot(xs, moe.w_gate[...], sizes)
+    h = jax.nn.silu(gate) * jax.lax.ragged_dot(xs, moe.w_up[...], sizes)
+    assert_close(moe.grouped_experts(xs, sizes), jax.lax.ragged_dot(h, moe.w_down[...], sizes))
