@@ -255,10 +255,12 @@ def _variant_colors(points: Sequence[dict]) -> dict:
     return {v: PALETTE[i % len(PALETTE)] for i, v in enumerate(names)}
 
 
-def _machine_roofs(ax, result: dict, x_range=X_RANGE):
-    """The measured roofs the predictions used: main-memory diagonal and matrix roof."""
-    roofs = result["peaks"]["roofs"]
-    compute = [r for r in roofs["compute"] if not r["suspect"] and r["name"].startswith("GEMM")]
+def _machine_roofs(ax, result: dict):
+    """The measured roofs the predictions used: every memory level and the matrix roof of
+    the model's dtype."""
+    roofs, dtype = result["peaks"]["roofs"], result["model"]["dtype"]
+    compute = [r for r in roofs["compute"] if not r["suspect"] and r["name"].startswith("GEMM")
+               and r.get("dtype") == dtype]
     memory = [r for r in roofs["memory"] if not r["suspect"]]
     bw_max, flops_max = _roof_ends(memory, compute)
     for roof in memory:
@@ -299,9 +301,11 @@ def phases_roofline_figure(results: Sequence[dict], title: str | None = None) ->
     model = result["model"]
     fig.suptitle(title or f"Phases of the '{model['preset']}' model ({fmt_si(model['params'], '')}"
                  f"parameters, {model['dtype']}) on {result['machine']}", fontsize=14)
+    prefill = next((p["context"] for p in points if p["phase"] == "prefill"), "?")
+    decode = next((p["context"] for p in points if p["phase"] != "prefill"), "?")
     ax.set_title("Prefill sits right (compute-bound); decode sits left (bandwidth-bound). "
-                 "Batch 1; decode at context "
-                 f"{points[0]['context'] if points else '?'}.  Error bars: p10-p90.", fontsize=10)
+                 f"Batch 1; prefill of {prefill} tokens; decode at context {decode}.  "
+                 "Error bars: p10-p90.", fontsize=10)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3, frameon=False)
     return fig
 
@@ -387,6 +391,20 @@ def throughput_figure(results: Sequence[dict], title: str | None = None) -> Figu
     return fig
 
 
+def crossover(contexts: Sequence[float], attention: Sequence[float], ffn: float
+              ) -> float | None:
+    """The context where attention time first reaches the FFN time, interpolated in log-log
+    between the two measured contexts around it (None if it never does in the range)."""
+    import math
+
+    pairs = list(zip(contexts, attention, strict=True))
+    for (c0, a0), (c1, a1) in zip(pairs, pairs[1:], strict=False):
+        if a0 < ffn <= a1:
+            f = (math.log(ffn) - math.log(a0)) / (math.log(a1) - math.log(a0))
+            return math.exp(math.log(c0) + f * (math.log(c1) - math.log(c0)))
+    return contexts[0] if pairs and attention[0] >= ffn else None
+
+
 @styled
 def crossover_figure(results: Sequence[dict], title: str | None = None) -> Figure:
     """Decode attention vs decode FFN time vs context: measured per variant, and modelled."""
@@ -403,6 +421,12 @@ def crossover_figure(results: Sequence[dict], title: str | None = None) -> Figur
         if ffn and j == 0:
             ax1.axhline(ffn[0]["timing"]["median"] * 1e3, color="0.3", ls="--",
                         label=f"decode FFN (batch {ffn[0]['batch']})")
+        if ffn:
+            cross = crossover([p["context"] for p in att],
+                              [p["timing"]["median"] for p in att], ffn[0]["timing"]["median"])
+            if cross:
+                ax1.axvline(cross, color=PALETTE[j], ls=":", lw=1.2,
+                            label=f"{v}: crosses its FFN at ~{cross:,.0f}")
     ax1.set_title(f"Measured, batch {pts[0]['batch'] if pts else '?'}, "
                   f"'{result['model']['preset']}' on {result['machine']}", fontsize=11)
     ax1.set_ylabel("Time per decode step, all layers (ms)")
@@ -411,9 +435,10 @@ def crossover_figure(results: Sequence[dict], title: str | None = None) -> Figur
         ctx = [r["context"] for r in rows]
         ax2.plot(ctx, [r["attention_s"] * 1e3 for r in rows], "o-", label="decode attention")
         ax2.plot(ctx, [r["ffn_s"] * 1e3 for r in rows], "--", color="0.3", label="decode FFN")
-        cross = next((r["context"] for r in rows if r["attention_s"] >= r["ffn_s"]), None)
+        cross = crossover([r["context"] for r in rows], [r["attention_s"] for r in rows],
+                          rows[0]["ffn_s"])
         if cross:
-            ax2.axvline(cross, color=SUSPECT_COLOR, ls=":", label=f"crossover ~{cross} tokens")
+            ax2.axvline(cross, color=SUSPECT_COLOR, ls=":", label=f"crossover ~{cross:,.0f} tokens")
         ax2.set_title(f"Modelled: {rows[0]['preset']} bf16 on {rows[0]['device']}, batch "
                       f"{rows[0]['batch']}", fontsize=11)
         ax2.set_ylabel("Roofline time per decode step (ms)")
@@ -466,6 +491,7 @@ def gap_figure(results: Sequence[dict], title: str | None = None) -> Figure:
         ax.bar(xs, ys, width, color=PALETTE[k], label=ph)
     ax.axhline(1.0, color="black", lw=1)
     ax.set_xticks(range(len(variants)), variants, rotation=20)
+    ax.set_xlabel("Attention variant / FFN (batch 1)")
     ax.set_ylabel("Measured / predicted throughput (1 = on the roof)")
     ax.set_title(GAP_REASONS, fontsize=8.5)
     ax.legend(frameon=False)

@@ -1,0 +1,152 @@
+"""The phase benchmark: prediction arithmetic, result schema, that the timed callable is the
+counted one, and that every phase figure draws from a saved result. No timing assertions."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+
+import refmodel
+from microbench import phases as mp
+from microbench import plot, suite, sweeps
+from microbench.schema import validate_result
+from refmodel import costs
+
+ROOFS = {"compute": [{"name": "GEMM float32", "kind": "compute", "dtype": "float32",
+                      "value": 2e11, "p10": 1.9e11, "p90": 2.1e11, "source": "test",
+                      "suspect": False}],
+         "memory": [{"name": "L2", "kind": "memory", "level": "L2", "value": 4e11, "p10": 3e11,
+                     "p90": 5e11, "source": "test", "suspect": False},
+                    {"name": "DRAM", "kind": "memory", "level": "DRAM", "value": 5e10,
+                     "p10": 4e10, "p90": 6e10, "source": "test", "suspect": False}]}
+PEAKS = {"machine": "test machine", "roofs": ROOFS, "environment": {"backend": "cpu"},
+         "sweep": {"cache_capacities": [["L2", 1 << 20], ["L3", 32 << 20]]}}
+TINY_PLAN = sweeps.PhasePlan(model="tiny", variants=("gqa", "gqa moe"), prefill_len=8,
+                             context=8, batches=(1, 4), contexts=(8, 32),
+                             context_variants=("gqa",), context_batch=2,
+                             timing=mp.Timing(budget_s=0.01, min_samples=2, min_sample_s=1e-4))
+
+
+def test_prediction_is_the_slower_of_compute_and_memory():
+    compute, memory = ROOFS["compute"][0], ROOFS["memory"][1]
+    mem_bound = mp.predict(flops=1e9, nbytes=1e9, compute=compute, memory=memory)
+    assert mem_bound["bound"] == "memory"
+    assert mem_bound["time_s"] == pytest.approx(1e9 / 5e10)
+    assert mem_bound["flops_per_s"] == pytest.approx(1e9 / (1e9 / 5e10))
+    comp_bound = mp.predict(flops=1e12, nbytes=1e9, compute=compute, memory=memory)
+    assert comp_bound["bound"] == "compute"
+    assert comp_bound["time_s"] == pytest.approx(1e12 / 2e11)
+
+
+def test_memory_level_is_the_smallest_that_holds_the_working_set():
+    caps = PEAKS["sweep"]["cache_capacities"]
+    assert mp.memory_level(ROOFS, caps, 1000)["level"] == "L2"
+    # L3 holds it but has no measured roof: fall through to main memory
+    assert mp.memory_level(ROOFS, caps, 4 << 20)["level"] == "DRAM"
+    assert mp.memory_level(ROOFS, caps, 1 << 40)["level"] == "DRAM"
+    with pytest.raises(ValueError, match="roofs.memory"):
+        mp.memory_level({"memory": [], "compute": []}, caps, 1)
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("phases")
+    res = suite.measure_phases(TINY_PLAN, PEAKS, quick=True, out_dir=out, progress=False)
+    return res, out
+
+
+def test_points_carry_the_counted_costs_of_the_same_phase(result):
+    res, _ = result
+    assert {p["phase"] for p in res["points"]} == set(refmodel.PHASES)
+    for p in res["points"]:
+        cfg = sweeps.config(TINY_PLAN, p["variant"])
+        counted = costs.phase_costs(cfg, p["phase"], p["batch"], p["context"])
+        assert p["flops"] == counted["flops"] and p["bytes"] == counted["bytes"]
+        assert p["intensity"] == pytest.approx(counted["flops"] / counted["bytes"])
+        t = p["timing"]["median"]
+        assert p["flops_per_s"]["median"] == pytest.approx(counted["flops"] / t)
+        assert p["measured_over_predicted"] == pytest.approx(p["predicted"]["time_s"] / t)
+
+
+def test_decode_ffn_intensity_grows_with_batch_in_the_saved_points(result):
+    res, _ = result
+    ffn = {p["batch"]: p["intensity"] for p in res["points"]
+           if p["sweep"] == "batch" and p["variant"] == "gqa" and p["phase"] == "decode_ffn"}
+    assert ffn[4] / ffn[1] == pytest.approx(4, rel=0.25)
+
+
+def test_the_timed_callable_is_the_phases_jitted_function(monkeypatch):
+    """measure_point lowers exactly phases.jitted[phase], the callable the check lowers."""
+    phases = refmodel.Phases(refmodel.init(refmodel.presets.get("tiny")))
+    lowered = []
+    for name in refmodel.PHASES:
+        original = phases.jitted[name]
+
+        class Spy:
+            def __init__(self, fn, name):
+                self.fn, self.name = fn, name
+
+            def lower(self, *args):
+                lowered.append(self.name)
+                return self.fn.lower(*args)
+
+        monkeypatch.setitem(phases.jitted, name, Spy(original, name))
+        mp.measure_point(phases, name, 1, 4, PEAKS, TINY_PLAN.timing)
+    assert lowered == list(refmodel.PHASES)
+
+
+def test_phases_result_validates_and_bad_fields_are_named(result):
+    res, out = result
+    saved = json.loads((out / "phases.json").read_text())
+    assert validate_result(saved)["kind"] == "microbench.phases"
+    bad = copy.deepcopy(saved)
+    bad["points"][0]["phase"] = "decode_everything"
+    with pytest.raises(ValueError, match=r"result.points\[0\].phase"):
+        validate_result(bad)
+    bad = copy.deepcopy(saved)
+    bad["points"][1]["timing"]["samples"] = []
+    with pytest.raises(ValueError, match=r"result.points\[1\].timing.samples"):
+        validate_result(bad)
+    bad = copy.deepcopy(saved)
+    del bad["modelled"]
+    with pytest.raises(ValueError, match="result.modelled"):
+        validate_result(bad)
+
+
+def test_every_phase_figure_draws_from_the_saved_result(result):
+    res, out = result
+    saved = json.loads((out / "phases.json").read_text())
+    for name in suite.PHASE_FIGURES:
+        fig = plot.FIGURES[name]([saved])
+        axes = fig.get_axes()
+        assert axes and all(ax.get_xlabel() for ax in axes), name
+        assert any(ax.get_lines() or ax.patches or ax.collections for ax in axes), name
+    roof = plot.phases_roofline_figure([saved]).get_axes()[0]
+    assert roof.get_xscale() == "log" and roof.get_yscale() == "log"
+
+
+def test_summary_table_lists_every_roofline_point(result):
+    res, _ = result
+    peaks = {**PEAKS, "environment": {"date_utc": "2026-11-30", "jax_version": "x"}}
+    table = suite.summary_markdown(peaks, res)
+    rows = [p for p in res["points"] if p["sweep"] == "roofline"]
+    assert table.count("\n| gqa") + table.count("\n| gqa moe") >= len(rows)
+
+
+def test_crossover_interpolates_in_log_log():
+    assert plot.crossover([100, 400], [1.0, 4.0], 2.0) == pytest.approx(200)
+    assert plot.crossover([100, 400], [1.0, 1.5], 2.0) is None
+
+
+def test_modelled_series_follow_the_cost_model():
+    rows = sweeps.modelled_throughput("llama3-8b", ["H100 SXM"], [1, 64], 4096)
+    assert rows[1]["tokens_per_s_system"] > rows[0]["tokens_per_s_system"]
+    assert rows[1]["tokens_per_s_user"] < rows[0]["tokens_per_s_user"]
+    kv = sweeps.modelled_kv(["mistral-7b"], [1024, 65536])
+    cfg = refmodel.presets.get("mistral-7b")
+    assert kv[1]["kv_bytes"] == costs.kv_cache_bytes(cfg, 65536, 1, "bfloat16")
+    assert kv[1]["kv_bytes"] == kv[0]["kv_bytes"] * min(65536, cfg.window) / 1024
+    assert np.isfinite([r["step_s"] for r in rows]).all()
