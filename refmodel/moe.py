@@ -155,9 +155,9 @@ class MoE(nnx.Module):
         """MoE on `tokens` tokens: every token runs A experts (M A pairs); the weights read are
         those of the expected number of distinct experts the tokens touch (not all E, not one).
 
-        FLOPs are the grouped matmuls' 2 (pairs) D F, i.e. what a true grouped kernel runs. On
-        backends without one (XLA:CPU) `jax.lax.ragged_dot` is lowered to a dense dot over all
-        E experts with a mask, E times these FLOPs: see `refmodel.check`.
+        FLOPs are the grouped matmuls' 2 (pairs) D F: the routed rows, without the padding
+        of each expert's rows to whole tiles in `grouped_experts` (at most tile - 1 per
+        expert). XLA's cost analysis counts that loop differently: see `refmodel.check`.
         """
         D, E, A, F = cfg.d_model, cfg.n_experts, cfg.top_k, cfg.expert_width
         n_in = 2 if cfg.mlp_act in GATED else 1

@@ -23,10 +23,10 @@ W = 8
 
 
 def np_attention(q, k, v, allowed, scale, sinks=None):
-    """Explicit-mask softmax attention in float64: q [B,T,K,G,H], k/v [B,S,K,H], allowed
+    """Explicit-mask softmax attention in float64: q [B,T,K,G,H], k/v [B,K,S,H], allowed
     [B,T,S]; sinks [K,G] add exp(sink) to the denominator."""
     q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
-    s = np.einsum("btkgh,bskh->btkgs", q, k) * scale
+    s = np.einsum("btkgh,bksh->btkgs", q, k) * scale
     s = np.where(allowed[:, :, None, None, :], s, -np.inf)
     m = s.max(-1, keepdims=True)
     if sinks is not None:
@@ -35,7 +35,7 @@ def np_attention(q, k, v, allowed, scale, sinks=None):
     den = p.sum(-1, keepdims=True)
     if sinks is not None:
         den = den + np.exp(np.asarray(sinks, np.float64)[None, None, :, :, None] - m)
-    return np.einsum("btkgs,bskh->btkgh", p / den, v)
+    return np.einsum("btkgs,bksh->btkgh", p / den, v)
 
 
 def window_oracle(layer, x, window):
@@ -150,7 +150,7 @@ def test_cache_shape_does_not_grow_with_max_len():
     K, H = cfg.n_kv_heads, cfg.head_size
     ring = small.layers[0]
     assert isinstance(ring, RingCache)
-    assert (ring.k.shape, ring.v.shape, ring.pos.shape) == ((2, W, K, H),) * 2 + ((W,),)
+    assert (ring.k.shape, ring.v.shape, ring.pos.shape) == ((2, K, W, H),) * 2 + ((W,),)
     assert ring.pos.dtype == jnp.int32
 
 
@@ -162,7 +162,7 @@ def test_shape_comments(T):
     cache = SlidingWindowAttention.init_cache(cfg, "sliding", B, 64)
     x = jax.ShapeDtypeStruct((B, T, D), jnp.float32)
     q, k, v = jax.eval_shape(lambda x: layer.project(x, jnp.arange(T)), x)
-    assert (q.shape, k.shape, v.shape) == ((B, T, K, G, H), (B, T, K, H), (B, T, K, H))
+    assert (q.shape, k.shape, v.shape) == ((B, T, K, G, H), (B, K, T, H), (B, K, T, H))
     y, new = jax.eval_shape(lambda x, c: layer(x, jnp.int32(3), c), x, cache)
     assert y.shape == (B, T, D)
     assert jax.tree.map(lambda a: a.shape, new) == jax.tree.map(lambda a: a.shape, cache)

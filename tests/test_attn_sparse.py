@@ -105,7 +105,7 @@ def test_shape_comments():
     x = jax.ShapeDtypeStruct((B, T, D), jnp.float32)
     cache = jax.eval_shape(lambda: SparseAttention.init_cache(cfg, "sparse", B, S))
     assert isinstance(cache, SparseCache)
-    assert (cache.k.shape, cache.v.shape, cache.k_idx.shape) == ((B, S, K, H),) * 2 + ((B, S, J),)
+    assert (cache.k.shape, cache.v.shape, cache.k_idx.shape) == ((B, K, S, H),) * 2 + ((B, S, J),)
     assert jax.eval_shape(layer.index_keys, x).shape == (B, T, J)
     scores = jax.eval_shape(layer.index_scores, x, cache.k_idx)
     assert scores.shape == (B, T, S)

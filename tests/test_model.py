@@ -39,7 +39,7 @@ def test_kv_heads_per_kind():
     cfg = tiny()  # N = 4, n_kv_heads = 2
     for kind, K in [("mha", 4), ("gqa", 2), ("mqa", 1)]:
         cache = jax.eval_shape(lambda k=kind: refmodel.init_cache(cfg.replace(attention=k), 3, 7))
-        assert cache.layers[0].k.shape == (3, 7, K, cfg.head_size)  # [B, S, K, H]
+        assert cache.layers[0].k.shape == (3, K, 7, cfg.head_size)  # [B, K, S, H]
 
 
 def moe_oracle(moe: MoE, x: np.ndarray) -> np.ndarray:
@@ -92,8 +92,8 @@ def test_documented_shapes_under_eval_shape():
     D, N, K, H, F, E, V = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_size,
                            cfg.expert_width, cfg.n_experts, cfg.vocab_size)
     attn, moe = model.blocks[0].attn, model.blocks[0].ffn
-    assert attn.wq.shape == (D, N, H) and attn.wk.shape == (D, K, H)
-    assert attn.wo.shape == (N, H, D)
+    assert attn.wq.shape == (D, N * H) and attn.wk.shape == (D, K * H)
+    assert attn.wo.shape == (N * H, D)
     assert moe.w_up.shape == (E, D, F) and moe.w_down.shape == (E, F, D)
     assert model.lm_head.shape == (D, V)
     B, T, S = 3, 5, 11

@@ -2,7 +2,10 @@
 
 RoPE is the rotate-half form of Su et al. 2021 ("RoFormer") as Llama and Hugging Face apply
 it, optionally on the first `rotary_dim` channels only (partial rotary). The grouped core is
-the scaling book's GQA einsum: queries [B, T, K, G, H] against keys [B, S, K, H].
+the scaling book's GQA einsum: queries [B, T, K, G, H] against keys [B, K, S, H]. Caches are
+head-major, [B, K, S, H], so both products take batch dims (B, K) leading and contract over a
+contiguous axis: with a [B, S, K, H] cache XLA:CPU transposed (copied) the whole cache on
+every decode step.
 """
 
 from __future__ import annotations
@@ -35,13 +38,13 @@ def causal_mask(q_pos: jax.Array, k_pos: jax.Array, window: int | None = None) -
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
            softcap: float | None = None, sinks: jax.Array | None = None) -> jax.Array:
-    """Softmax attention of q [B, T, K, G, H] over k [B, S, K, H], v [B, S, K, Hv].
+    """Softmax attention of q [B, T, K, G, H] over k [B, K, S, H], v [B, K, S, Hv].
 
     mask is [T, S] or [B, T, S]; sinks, if given, is one learned logit per head [K, G] that
     joins the softmax denominator but carries no value (gpt-oss). Returns [B, T, K, G, Hv].
     """
     with jax.named_scope("attn_scores"):
-        s = jnp.einsum("BTKGH,BSKH->BKGTS", q, k) * scale  # [B, K, G, T, S]
+        s = jnp.einsum("BTKGH,BKSH->BKGTS", q, k) * scale  # [B, K, G, T, S]
         if softcap is not None:
             s = softcap * jnp.tanh(s / softcap)
         m = mask[:, None, None] if mask.ndim == 3 else mask
@@ -54,4 +57,4 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: flo
         else:
             p = jax.nn.softmax(s, axis=-1)
     with jax.named_scope("attn_values"):
-        return jnp.einsum("BKGTS,BSKH->BTKGH", p.astype(v.dtype), v)  # [B, T, K, G, Hv]
+        return jnp.einsum("BKGTS,BKSH->BTKGH", p.astype(v.dtype), v)  # [B, T, K, G, Hv]

@@ -46,8 +46,8 @@ def kv_heads(cfg: ModelConfig, kind: str) -> int:
 
 @struct.dataclass
 class KVCache:
-    k: jax.Array  # [B, S, K, H]
-    v: jax.Array  # [B, S, K, H]
+    k: jax.Array  # [B, K, S, H]
+    v: jax.Array  # [B, K, S, H]
 
 
 @register("mha", "gqa", "mqa")
@@ -58,15 +58,18 @@ class GroupedQueryAttention(AttentionLayer):
         D, N, H, K = cfg.d_model, cfg.n_heads, cfg.head_size, kv_heads(cfg, kind)
         dtype = jnp.dtype(cfg.dtype)
         self.cfg, self.K = cfg, K
-        self.wq = param(rngs, (D, N, H), D, dtype)  # [D, N, H]
-        self.wk = param(rngs, (D, K, H), D, dtype)  # [D, K, H]
-        self.wv = param(rngs, (D, K, H), D, dtype)  # [D, K, H]
-        self.wo = param(rngs, (N, H, D), N * H, dtype)  # [N, H, D]
+        # Weights are 2-D, [in, out] with the heads folded into one axis: XLA:CPU runs a
+        # matrix-vector product over a [D, N*H] matrix in place, while an einsum against a
+        # [N, H, D] weight made it transpose (copy) the weight on every decode step.
+        self.wq = param(rngs, (D, N * H), D, dtype)  # [D, N*H]
+        self.wk = param(rngs, (D, K * H), D, dtype)  # [D, K*H]
+        self.wv = param(rngs, (D, K * H), D, dtype)  # [D, K*H]
+        self.wo = param(rngs, (N * H, D), N * H, dtype)  # [N*H, D]
         if cfg.attn_bias:
             self.bq, self.bo = zeros((N, H), dtype), zeros((D,), dtype)
             self.bk, self.bv = zeros((K, H), dtype), zeros((K, H), dtype)
         if cfg.attn_out_gate:
-            self.wg = param(rngs, (D, N, H), D, dtype)  # [D, N, H]
+            self.wg = param(rngs, (D, N * H), D, dtype)  # [D, N*H]
         if cfg.qk_norm:
             self.q_norm = nnx.RMSNorm(H, epsilon=cfg.norm_eps, param_dtype=dtype, rngs=rngs)
             self.k_norm = nnx.RMSNorm(H, epsilon=cfg.norm_eps, param_dtype=dtype, rngs=rngs)
@@ -76,12 +79,14 @@ class GroupedQueryAttention(AttentionLayer):
     # The three steps, reused by the sliding-window and sparse variants ----------------------
 
     def project(self, x: jax.Array, positions: jax.Array):
-        """x [B, T, D] -> q [B, T, K, G, H], k and v [B, T, K, H], with RoPE and norms."""
+        """x [B, T, D] -> q [B, T, K, G, H], k and v [B, K, T, H], with RoPE and norms."""
         cfg = self.cfg
+        B, T, _ = x.shape
+        N, K, H = cfg.n_heads, self.K, cfg.head_size
         with jax.named_scope("qkv_proj"):
-            q = jnp.einsum("BTD,DNH->BTNH", x, self.wq[...])
-            k = jnp.einsum("BTD,DKH->BTKH", x, self.wk[...])
-            v = jnp.einsum("BTD,DKH->BTKH", x, self.wv[...])
+            q = (x @ self.wq[...]).reshape(B, T, N, H)
+            k = (x @ self.wk[...]).reshape(B, T, K, H)
+            v = (x @ self.wv[...]).reshape(B, T, K, H)
             if cfg.attn_bias:
                 q, k, v = q + self.bq[...], k + self.bk[...], v + self.bv[...]
         if cfg.qk_norm:
@@ -90,17 +95,17 @@ class GroupedQueryAttention(AttentionLayer):
             with jax.named_scope("rope"):
                 q = rope(q, positions, cfg.rotary_dim, cfg.rope_theta)
                 k = rope(k, positions, cfg.rotary_dim, cfg.rope_theta)
-        B, T, N, H = q.shape
-        return q.reshape(B, T, self.K, N // self.K, H), k, v
+        q = q.reshape(B, T, K, N // K, H)
+        return q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
     def output(self, x: jax.Array, o: jax.Array) -> jax.Array:
         """o [B, T, K, G, H] -> [B, T, D] (gated by x if the config says so)."""
         B, T, K, G, H = o.shape
-        o = o.reshape(B, T, K * G, H)  # [B, T, N, H]
+        o = o.reshape(B, T, K * G * H)  # [B, T, N*H]
         with jax.named_scope("out_proj"):
             if self.cfg.attn_out_gate:
-                o = o * jax.nn.sigmoid(jnp.einsum("BTD,DNH->BTNH", x, self.wg[...]))
-            y = jnp.einsum("BTNH,NHD->BTD", o, self.wo[...])
+                o = o * jax.nn.sigmoid(x @ self.wg[...])
+            y = o @ self.wo[...]  # [B, T, D]
             return y + self.bo[...] if self.cfg.attn_bias else y
 
     def core(self, q, k, v, mask):
@@ -117,19 +122,19 @@ class GroupedQueryAttention(AttentionLayer):
             o = self.core(q, k, v, causal_mask(positions, positions))
             return self.output(x, o), None
         with jax.named_scope("kv_write"):
-            idx = (0, start, 0, 0)
+            idx = (0, 0, start, 0)
             cache = KVCache(
                 k=jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), idx),
                 v=jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), idx),
             )
-        k_pos = jnp.arange(cache.k.shape[1], dtype=jnp.int32)  # [S]
+        k_pos = jnp.arange(cache.k.shape[2], dtype=jnp.int32)  # [S]
         o = self.core(q, cache.k.astype(q.dtype), cache.v.astype(q.dtype),
                       causal_mask(positions, k_pos))
         return self.output(x, o), cache
 
     @classmethod
     def init_cache(cls, cfg: ModelConfig, kind: str, batch: int, max_len: int) -> KVCache:
-        shape = (batch, max_len, kv_heads(cfg, kind), cfg.head_size)
+        shape = (batch, kv_heads(cfg, kind), max_len, cfg.head_size)
         dtype = jnp.dtype(cfg.dtype)
         return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
 

@@ -14,7 +14,7 @@ H = P + Q the query/key head dim (as in GQA). Softmax scale H**-0.5 (no YaRN msc
 
 Two ways to attend, selected by `cfg.mla_absorb` (both give the same logits):
 
-- naive: expand every cached latent to per-head keys [B, S, N, P] and values [B, S, N, U]
+- naive: expand every cached latent to per-head keys [B, N, S, P] and values [B, N, S, U]
   through `wkv_b` on every call ("kv_expand": 2 B S R N (P + U) FLOPs), then standard
   attention with head dims H and U;
 - absorbed: fold W_UK into the query (q_latent = q_nope W_UK, [B, T, N, R]) and W_UV into the
@@ -30,7 +30,7 @@ latent, the attention intensity is about
 
 growing with N (DeepSeek-V3, N = 128, bf16: ~240) where GQA's is about G = N / K. The naive
 form reads the same cache bytes but spends 2 B S R N (P + U) FLOPs re-expanding it every step
-(and writes and reads back the expanded [B, S, N, P + U] activations): for V3 that is ~120x
+(and writes and reads back the expanded [B, N, S, P + U] activations): for V3 that is ~120x
 the FLOPs of the absorbed scores and values per cached token. Prefill is the other way
 round: there T ~ S and every latent is expanded once for T queries, while absorption would make
 each score cost R + Q instead of P + Q (576 against 192 for V3). DeepSeek therefore runs the
@@ -113,11 +113,11 @@ class MultiHeadLatentAttention(AttentionLayer):
         P = self.cfg.qk_nope_dim
         with jax.named_scope("kv_expand"):
             w = self.wkv_b[...]
-            k_nope = jnp.einsum("BSR,RNP->BSNP", latent, w[..., :P])  # [B, S, N, P]
-            v = jnp.einsum("BSR,RNU->BSNU", latent, w[..., P:])  # [B, S, N, U]
-            B, S, N, _ = k_nope.shape
-            k_shared = jnp.broadcast_to(k_rope[:, :, None], (B, S, N, k_rope.shape[-1]))
-            k = jnp.concatenate([k_nope, k_shared], axis=-1)  # [B, S, N, H]
+            k_nope = jnp.einsum("BSR,RNP->BNSP", latent, w[..., :P])  # [B, N, S, P]
+            v = jnp.einsum("BSR,RNU->BNSU", latent, w[..., P:])  # [B, N, S, U]
+            B, N, S, _ = k_nope.shape
+            k_shared = jnp.broadcast_to(k_rope[:, None], (B, N, S, k_rope.shape[-1]))
+            k = jnp.concatenate([k_nope, k_shared], axis=-1)  # [B, N, S, H]
         q = jnp.concatenate([q_nope, q_rope], axis=-1)[:, :, :, None]  # [B, T, N, 1, H]
         return attend(q, k, v, mask, self.scale)[:, :, :, 0]  # [B, T, N, U]
 
@@ -210,7 +210,7 @@ class MultiHeadLatentAttention(AttentionLayer):
 def naive_costs(cfg: ModelConfig, batch: int, new: int, keys: int,
                 dt: Dtypes) -> dict[str, Cost]:
     """Every step re-expands all `keys` latents to per-head K and V through wkv_b; the
-    expanded [B, S, N, P + U] is written once and read back once (activation bytes)."""
+    expanded [B, N, S, P + U] is written once and read back once (activation bytes)."""
     N, R, P, Q, U = (cfg.n_heads, cfg.kv_lora_rank, cfg.qk_nope_dim, cfg.qk_rope_dim,
                      cfg.v_head_dim)
     M, BS = batch * new, batch * keys

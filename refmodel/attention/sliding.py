@@ -37,19 +37,19 @@ from refmodel.costing import Cost, Dtypes
 
 @struct.dataclass
 class RingCache:
-    k: jax.Array  # [B, W, K, H]
-    v: jax.Array  # [B, W, K, H]
+    k: jax.Array  # [B, K, W, H]
+    v: jax.Array  # [B, K, W, H]
     pos: jax.Array  # int32 [W]: absolute position held by each slot, -1 = empty
 
 
 def ring_write(cache: RingCache, k: jax.Array, v: jax.Array, positions: jax.Array) -> RingCache:
-    """Write the last min(T, W) of k, v [B, T, K, H] at positions [T] into slots pos mod W."""
-    W, T = cache.pos.shape[0], k.shape[1]
+    """Write the last min(T, W) of k, v [B, K, T, H] at positions [T] into slots pos mod W."""
+    W, T = cache.pos.shape[0], k.shape[2]
     n = min(T, W)  # static; the n positions are consecutive, so their slots are distinct
     slots = positions[T - n:] % W  # [n]
     return RingCache(
-        k=cache.k.at[:, slots].set(k[:, T - n:].astype(cache.k.dtype)),
-        v=cache.v.at[:, slots].set(v[:, T - n:].astype(cache.v.dtype)),
+        k=cache.k.at[:, :, slots].set(k[:, :, T - n:].astype(cache.k.dtype)),
+        v=cache.v.at[:, :, slots].set(v[:, :, T - n:].astype(cache.v.dtype)),
         pos=cache.pos.at[slots].set(positions[T - n:]),
     )
 
@@ -63,17 +63,17 @@ class SlidingWindowAttention(GroupedQueryAttention):
     def __call__(self, x: jax.Array, start: jax.Array, cache: RingCache | None):
         T, W = x.shape[1], self.cfg.window
         positions = start + jnp.arange(T, dtype=jnp.int32)  # [T]
-        q, k, v = self.project(x, positions)  # [B, T, K, G, H], [B, T, K, H] x 2
+        q, k, v = self.project(x, positions)  # [B, T, K, G, H], [B, K, T, H] x 2
         if cache is None:
             o = self.core(q, k, v, causal_mask(positions, positions, W))
             return self.output(x, o), None
         if T == 1:  # decode: write first, then attend over the ring's W slots
             with jax.named_scope("kv_write"):
                 cache = ring_write(cache, k, v, positions)
-            keys, values, k_pos = cache.k, cache.v, cache.pos  # [B, W, K, H] x 2, [W]
+            keys, values, k_pos = cache.k, cache.v, cache.pos  # [B, K, W, H] x 2, [W]
         else:  # prefill: attend over old slots ++ the chunk, then write
-            keys = jnp.concatenate([cache.k.astype(k.dtype), k], axis=1)  # [B, W + T, K, H]
-            values = jnp.concatenate([cache.v.astype(v.dtype), v], axis=1)  # [B, W + T, K, H]
+            keys = jnp.concatenate([cache.k.astype(k.dtype), k], axis=2)  # [B, K, W + T, H]
+            values = jnp.concatenate([cache.v.astype(v.dtype), v], axis=2)  # [B, K, W + T, H]
             k_pos = jnp.concatenate([cache.pos, positions])  # [W + T]
         o = self.core(q, keys.astype(q.dtype), values.astype(q.dtype),
                       causal_mask(positions, k_pos, W))  # [B, T, K, G, H]
@@ -85,7 +85,7 @@ class SlidingWindowAttention(GroupedQueryAttention):
     @classmethod
     def init_cache(cls, cfg: ModelConfig, kind: str, batch: int, max_len: int) -> RingCache:
         """W slots whatever max_len is (max_len is ignored: the ring never fills up)."""
-        shape = (batch, cfg.window, kv_heads(cfg, kind), cfg.head_size)
+        shape = (batch, kv_heads(cfg, kind), cfg.window, cfg.head_size)
         dtype = jnp.dtype(cfg.dtype)
         return RingCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
                          pos=jnp.full((cfg.window,), -1, jnp.int32))

@@ -46,8 +46,8 @@ INDEX_FLOPS = 3
 
 @struct.dataclass
 class SparseCache:
-    k: jax.Array  # [B, S, K, H]
-    v: jax.Array  # [B, S, K, H]
+    k: jax.Array  # [B, K, S, H]
+    v: jax.Array  # [B, K, S, H]
     k_idx: jax.Array  # [B, S, J]
 
 
@@ -87,13 +87,14 @@ class SparseAttention(GroupedQueryAttention):
         return idx, valid
 
     def sparse_core(self, q, k, v, idx, valid):
-        """q [B, T, K, G, H] over the k selected of k, v [B, S, K, H] -> [B, T, K, G, H]."""
+        """q [B, T, K, G, H] over the k selected of k, v [B, K, S, H] -> [B, T, K, G, H]."""
         B, T, K, G, H = q.shape
         n = idx.shape[-1]
         with jax.named_scope("topk_select"):
             rows = jnp.arange(B)[:, None, None]
-            k_sel = k[rows, idx].reshape(B * T, n, K, H)  # gather [B, T, k, K, H]
-            v_sel = v[rows, idx].reshape(B * T, n, K, H)
+            # gather [B, T, k, K, H] -> one batch row per query, head-major [B*T, K, k, H]
+            k_sel = k[rows, :, idx].reshape(B * T, n, K, H).transpose(0, 2, 1, 3)
+            v_sel = v[rows, :, idx].reshape(B * T, n, K, H).transpose(0, 2, 1, 3)
         # each (b, t) is a batch row with its own keys: GQA's core, with sinks and soft-cap
         o = self.core(q.reshape(B * T, 1, K, G, H), k_sel, v_sel, valid.reshape(B * T, 1, n))
         return o.reshape(B, T, K, G, H)
@@ -101,11 +102,11 @@ class SparseAttention(GroupedQueryAttention):
     def __call__(self, x: jax.Array, start: jax.Array, cache: SparseCache | None):
         T = x.shape[1]
         positions = start + jnp.arange(T, dtype=jnp.int32)  # [T]
-        q, k, v = self.project(x, positions)  # [B, T, K, G, H], [B, T, K, H] x 2
+        q, k, v = self.project(x, positions)  # [B, T, K, G, H], [B, K, T, H] x 2
         k_idx = self.index_keys(x)  # [B, T, J]
         if cache is not None:
             with jax.named_scope("kv_write"):
-                kv = (0, start, 0, 0)
+                kv = (0, 0, start, 0)
                 new_k = jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), kv)
                 new_v = jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), kv)
             with jax.named_scope("indexer"):
@@ -113,7 +114,7 @@ class SparseAttention(GroupedQueryAttention):
                     cache.k_idx, k_idx.astype(cache.k_idx.dtype), (0, start, 0))
             cache = SparseCache(k=new_k, v=new_v, k_idx=new_idx)
             k, v, k_idx = cache.k.astype(q.dtype), cache.v.astype(q.dtype), cache.k_idx
-        k_pos = jnp.arange(k.shape[1], dtype=jnp.int32)  # [S]
+        k_pos = jnp.arange(k.shape[2], dtype=jnp.int32)  # [S]
         mask = causal_mask(positions, k_pos)  # [T, S]
         idx, valid = self.select(self.index_scores(x, k_idx), mask)  # [B, T, k] x 2
         o = self.sparse_core(q, k, v, idx, valid)
@@ -121,7 +122,7 @@ class SparseAttention(GroupedQueryAttention):
 
     @classmethod
     def init_cache(cls, cfg: ModelConfig, kind: str, batch: int, max_len: int) -> SparseCache:
-        shape = (batch, max_len, kv_heads(cfg, kind), cfg.head_size)
+        shape = (batch, kv_heads(cfg, kind), max_len, cfg.head_size)
         dtype = jnp.dtype(cfg.dtype)
         return SparseCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
                            k_idx=jnp.zeros((batch, max_len, cfg.indexer_dim), dtype))

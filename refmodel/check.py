@@ -1,0 +1,172 @@
+"""The compiler cross-check: analytic FLOPs and bytes against XLA's own cost analysis.
+
+For a tiny model of every registered attention kind (MLA with and without weight absorption,
+linear attention with both update rules), dense and MoE, and every phase, this lowers and
+compiles the very callables the benchmarks time (`refmodel.Phases(model).jitted[phase]`) and
+reads `compiled.cost_analysis()` (a dict, a one-element list on older jax, or None).
+
+What XLA counts and why it may differ from `refmodel.costs` (each difference is explained here
+rather than loosened in a test):
+
+- Elementwise work. The analytic constants (softmax, norms, RoPE, activations, gates) are the
+  HLO elementwise ops each function executes; exp, tanh, rsqrt and the like are what XLA calls
+  `transcendentals` and are kept out of FLOPs on both sides. What remains are a few FLOPs per
+  row (the mean's divide in a norm, mask compares on [T, S], the integer position arithmetic,
+  a cumulative sum over the experts) that the model leaves out: well under 1% here.
+- Gathers (embedding, KV ring writes, MoE dispatch) and top-k: 0 FLOPs on both sides.
+- MoE experts. `MoE.grouped_experts` runs each expert on its own rows in a `fori_loop` of
+  ceil(rows / tile) trips of `tile` rows; XLA counts a loop body once whatever its trip count,
+  so it sees every one of the E experts run on exactly one tile: E x tile rows of expert FFN
+  (plus a select per element of each tile), where the code executes the M A routed rows (plus
+  padding to whole tiles). The expected compiler count adds (E tile - M A) rows of expert
+  work, by name (`EXPERT_LOOPS`): positive at decode (E tile > M A), zero when every expert
+  gets exactly one tile. (Were the experts a `jax.lax.ragged_dot`, XLA:CPU would lower it to
+  a dense dot over all E experts; a native grouped kernel shows as `ragged_dot` in the HLO and
+  gets no correction.)
+- Other while loops (`lax.scan`) are also counted once per loop, not per iteration: the
+  prefill length is chosen to fit one chunk of linear attention's chunked form.
+- Bytes: XLA sums the operands and outputs of every fused kernel it emits, so every
+  intermediate that is not fused (scores, the softmax, expanded MLA keys) is counted once on
+  the way out and once on the way in, and small weights are read by several kernels. The
+  analytic bytes are the minimum any schedule moves. They are reported side by side, not
+  asserted.
+
+`python -m refmodel costs --check` prints the table this module builds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+import refmodel
+from refmodel import attention, costs
+from refmodel.config import ModelConfig
+from refmodel.costing import Dtypes
+from refmodel.moe import MoE
+from refmodel.phases import PHASES
+
+BATCH = 2
+CONTEXT = 8  # the tiny preset's linear_chunk (one chunk: scan counted once) and window
+FLOP_RTOL = 0.02  # |compiler - expected| / compiler, for every variant and phase
+EXPERT_LOOPS = "expert loops counted once"
+# Skip LLVM's expensive passes: the HLO, hence the cost analysis, is the same (tested), and
+# the 60-odd compiles of the check take about half the time.
+FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+def variants(kinds: tuple[str, ...] | None = None) -> dict[str, ModelConfig]:
+    """{label: tiny config} for every registered kind (or `kinds`), dense and MoE."""
+    base = refmodel.presets.get("tiny")
+    kinds = attention.registered() if kinds is None else tuple(kinds)
+    for kind in kinds:
+        attention.get(kind)  # an unknown kind lists the valid ones
+    out = {}
+    for kind in kinds:
+        options = {kind: {}}
+        if kind == "mla":
+            options = {"mla naive": {"mla_absorb": False}, "mla absorbed": {"mla_absorb": True}}
+        elif kind == "linear":
+            options = {f"linear {rule}": {"linear_rule": rule} for rule in ("gated_delta",
+                                                                              "mamba2")}
+        for label, changes in options.items():
+            for ffn in ("dense", "moe"):
+                out[f"{label} {ffn}"] = dataclasses.replace(base, attention=kind, ffn=ffn,
+                                                            **changes)
+    return out
+
+
+def phase_args(phases: refmodel.Phases, phase: str, batch: int, context: int) -> tuple:
+    """The arguments the phase is timed with (the cache as `costs` assumes: max_len = context
+    for prefill, context + 1 for the decode phases)."""
+    cfg = phases.cfg
+    if phase == "prefill":
+        cache = refmodel.init_cache(cfg, batch, context)
+        return phases.state, jnp.zeros((batch, context), jnp.int32), cache
+    if phase == "decode_ffn":
+        return phases.state, phases.hidden(batch)
+    cache = refmodel.init_cache(cfg, batch, context + 1)
+    cache = cache.replace(pos=jnp.asarray(context, jnp.int32))
+    if phase == "decode_attention":
+        return phases.state, phases.hidden(batch), cache
+    return phases.state, jnp.zeros((batch,), jnp.int32), cache
+
+
+def cost_analysis(compiled) -> dict | None:
+    """`compiled.cost_analysis()` as a dict (None when the backend gives none)."""
+    out = compiled.cost_analysis()
+    if isinstance(out, (list, tuple)):
+        out = out[0] if out else None
+    return dict(out) if out else None
+
+
+def expert_tile(pairs: int, n_experts: int) -> int:
+    """Rows per trip of `MoE.grouped_experts`' loop for `pairs` routed rows (mirrors it)."""
+    return min(128, max(1, 1 << math.ceil(math.log2(max(1.0, pairs / n_experts)))))
+
+
+def known_differences(cfg: ModelConfig, phase: str, batch: int, context: int,
+                      native_grouped: bool) -> dict[str, float]:
+    """FLOPs the compiler counts that the analytic model leaves out by design, by reason."""
+    out = {}
+    moe_layers = sum(f == "moe" for f in cfg.layer_ffns)
+    if not native_grouped and moe_layers and phase != "decode_attention":
+        tokens = batch * (context if phase == "prefill" else 1)
+        pairs, E = tokens * cfg.top_k, cfg.n_experts
+        ops = MoE.costs(cfg, tokens, Dtypes())
+        per_row = (ops["ffn_up"].flops + ops["ffn_down"].flops) / pairs
+        rows = E * expert_tile(pairs, E)  # one trip of each expert's loop
+        out[EXPERT_LOOPS] = moe_layers * ((rows - pairs) * per_row + rows * cfg.d_model)
+    return out
+
+
+def check_one(label: str, cfg: ModelConfig, phases: refmodel.Phases, phase: str,
+              batch: int = BATCH, context: int = CONTEXT, fast: bool = True) -> dict:
+    """One row: analytic and compiler FLOPs and bytes of one phase of one config."""
+    lowered = phases.jitted[phase].lower(*phase_args(phases, phase, batch, context))
+    native_grouped = "ragged_dot" in lowered.as_text(dialect="stablehlo")
+    xla = cost_analysis(lowered.compile(FAST_COMPILE if fast else None)) or {}
+    analytic = costs.phase_costs(cfg, phase, batch, context)
+    diffs = known_differences(cfg, phase, batch, context, native_grouped)
+    expected = analytic["flops"] + sum(diffs.values())
+    flops = xla.get("flops")
+    rel = None if not flops or flops < 0 else (flops - expected) / flops
+    return {"variant": label, "phase": phase, "batch": batch, "context": context,
+            "analytic_flops": analytic["flops"],
+            "known_differences": diffs, "expected_flops": expected, "xla_flops": flops,
+            "flops_rel_err": rel, "analytic_bytes": analytic["bytes"],
+            "xla_bytes": xla.get("bytes accessed"),
+            "xla_transcendentals": xla.get("transcendentals")}
+
+
+def run(kinds: tuple[str, ...] | None = None, batch: int = BATCH,
+        context: int = CONTEXT) -> list[dict]:
+    """Rows for every variant (see `variants`) and phase."""
+    rows = []
+    for label, cfg in variants(kinds).items():
+        phases = refmodel.Phases(refmodel.init(cfg, seed=0))
+        rows += [check_one(label, cfg, phases, phase, batch, context) for phase in PHASES]
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    """A fixed-width table of `run`'s rows, with the tolerance the tests assert."""
+    head = (f"{'variant':24s} {'phase':17s} {'analytic':>11s} {'+known':>11s} "
+            f"{'XLA flops':>11s} {'rel err':>8s}  {'analytic B':>11s} {'XLA bytes':>11s}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        rel = "n/a" if r["flops_rel_err"] is None else f"{100 * r['flops_rel_err']:+.2f}%"
+        xla = "n/a" if r["xla_flops"] is None else f"{r['xla_flops']:11.0f}"
+        xb = "n/a" if r["xla_bytes"] is None else f"{r['xla_bytes']:11.0f}"
+        known = sum(r["known_differences"].values())
+        lines.append(f"{r['variant']:24s} {r['phase']:17s} {r['analytic_flops']:11.0f} "
+                     f"{known:11.0f} {xla:>11s} {rel:>8s}  {r['analytic_bytes']:11.0f} "
+                     f"{xb:>11s}")
+    lines.append(f"tolerance on FLOPs: |XLA - (analytic + known)| / XLA <= {FLOP_RTOL:.0%}; "
+                 f"'+known' = {EXPERT_LOOPS} (see refmodel/check.py); bytes not asserted; "
+                 f"tiny preset, batch {rows[0]['batch'] if rows else BATCH}, context "
+                 f"{rows[0]['context'] if rows else CONTEXT}, backend {jax.default_backend()}")
+    return "\n".join(lines)

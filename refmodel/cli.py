@@ -1,0 +1,126 @@
+"""`python -m refmodel ...`: the presets and their analytic costs from the command line.
+
+    python -m refmodel presets                       # name, total, active, KV bytes/token
+    python -m refmodel costs --preset llama3-8b --batch 8 --context 4096 [--json]
+        [--weight-dtype bfloat16] [--kv-dtype bfloat16] [--act-dtype bfloat16]
+    python -m refmodel costs --check [--kinds gqa mla]   # the compiler cross-check table
+
+Numbers come from `refmodel.costs` (see its docstring for what each phase counts) and the
+cross-check from `refmodel.check`. A bad argument exits with status 2 and a message naming
+the field and the allowed values, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from refmodel import costs, presets
+from refmodel.costing import BYTES
+from refmodel.phases import PHASES
+
+
+def _si(x: float) -> str:
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.2f}{unit}"
+    return f"{x:.0f}"
+
+
+def presets_table() -> str:
+    head = f"{'preset':20s} {'total':>17s} {'active':>17s} {'KV B/token (bf16)':>18s}  source"
+    lines = [head, "-" * len(head)]
+    for name in presets.names():
+        cfg = presets.get(name)
+        p = costs.param_counts(cfg)
+        src = presets.source(name)
+        lines.append(f"{name:20s} {p['total']:>17,} {p['active']:>17,} "
+                     f"{costs.kv_bytes_per_token(cfg):>18,.0f}  {src[:60]}")
+    return "\n".join(lines)
+
+
+def costs_report(name: str, batch: int, context: int, weight_dtype=None, kv_dtype=None,
+                 act_dtype=None, phases=PHASES) -> dict:
+    """The JSON object of `costs --json`."""
+    cfg = presets.get(name)
+    p = costs.param_counts(cfg)
+    return {
+        "preset": name, "source": presets.source(name), "batch": batch, "context": context,
+        "params_total": p["total"], "params_active": p["active"],
+        "params_active_without_embedding": p["active_without_embedding"],
+        "params_non_embedding": p["non_embedding"], "params_components": p["components"],
+        "kv_bytes_per_token": costs.kv_bytes_per_token(cfg, "bfloat16"),
+        "kv_cache_bytes": costs.kv_cache_bytes(cfg, context, batch,
+                                               kv_dtype or cfg.dtype),
+        "phases": {ph: costs.phase_costs(cfg, ph, batch, context, weight_dtype, kv_dtype,
+                                         act_dtype) for ph in phases},
+    }
+
+
+def costs_table(report: dict) -> str:
+    lines = [f"{report['preset']}: {report['params_total']:,} parameters, "
+             f"{report['params_active']:,} active; KV cache {_si(report['kv_cache_bytes'])}B "
+             f"at batch {report['batch']}, context {report['context']}; "
+             f"{report['kv_bytes_per_token']:,.0f} KV bytes/token in bf16"]
+    head = (f"  {'op':18s} {'FLOPs':>10s} {'weight B':>10s} {'KV B':>10s} {'act B':>10s} "
+            f"{'FLOP/B':>8s}")
+    for phase, pc in report["phases"].items():
+        dts = pc["dtypes"]
+        lines += ["", f"{phase} (weights {dts['weight']}, KV {dts['kv']}, activations "
+                      f"{dts['act']})", head]
+        for op, c in list(pc["ops"].items()) + [("total", pc)]:
+            inten = "-" if c["intensity"] is None else f"{c['intensity']:.1f}"
+            lines.append(f"  {op:18s} {_si(c['flops']):>10s} {_si(c['weight_bytes']):>10s} "
+                         f"{_si(c['kv_bytes']):>10s} {_si(c['act_bytes']):>10s} {inten:>8s}")
+    return "\n".join(lines)
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m refmodel", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    sub.add_parser("presets", help="list the presets: parameters and KV bytes per token")
+    c = sub.add_parser("costs", help="analytic FLOPs and bytes per phase and op")
+    c.add_argument("--preset", help=f"one of {', '.join(presets.names())}")
+    c.add_argument("--batch", type=int, default=1, help="sequences (B), default 1")
+    c.add_argument("--context", type=int, default=1024,
+                   help="prompt length for prefill, cached tokens for decode (default 1024)")
+    for field in ("weight", "kv", "act"):
+        c.add_argument(f"--{field}-dtype", default=None,
+                       help=f"one of {', '.join(sorted(BYTES))} (default: the preset's dtype)")
+    c.add_argument("--phase", nargs="+", default=list(PHASES), help="phases to report")
+    c.add_argument("--json", action="store_true", help="print one JSON object")
+    c.add_argument("--check", action="store_true",
+                   help="run the compiler cross-check on the tiny preset instead")
+    c.add_argument("--kinds", nargs="+", default=None,
+                   help="attention kinds for --check (default: every registered kind)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
+    args = ap.parse_args(argv)
+    try:
+        if args.command == "presets":
+            print(presets_table())
+        elif args.check:
+            from refmodel import check  # imports jax compilation machinery only when asked
+
+            rows = check.run(tuple(args.kinds) if args.kinds else None)
+            print(json.dumps(rows, indent=1) if args.json else check.format_table(rows))
+        else:
+            if args.preset is None:
+                ap.error(f"costs needs --preset (one of {', '.join(presets.names())}) or --check")
+            for ph in args.phase:
+                if ph not in PHASES:
+                    raise ValueError(f"phase={ph!r} is not allowed; choose one of {list(PHASES)}")
+            report = costs_report(args.preset, args.batch, args.context, args.weight_dtype,
+                                  args.kv_dtype, args.act_dtype, tuple(args.phase))
+            print(json.dumps(report, indent=1) if args.json else costs_table(report))
+    except ValueError as err:
+        ap.error(str(err))  # exits with status 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
