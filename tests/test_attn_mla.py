@@ -233,12 +233,17 @@ def _dot_flops(eqn) -> int:
 
 
 def _flops_by_scope(jaxpr, prefix="", out=None) -> dict[str, int]:
-    """dot_general FLOPs of a jaxpr (nested jaxprs included) keyed by its outermost scope."""
+    """Matmul FLOPs of a jaxpr (nested jaxprs included) keyed by its outermost scope: every
+    dot_general, and every multiply-then-sum contraction (the decode form of attention in
+    refmodel.attention.common.attend: one multiply and one add per product)."""
     out = {} if out is None else out
+    products = {eqn.outvars[0] for eqn in jaxpr.eqns if eqn.primitive.name == "mul"}
     for eqn in jaxpr.eqns:
         scope = prefix or str(eqn.source_info.name_stack).split("/")[0]
         if eqn.primitive.name == "dot_general":
             out[scope] = out.get(scope, 0) + _dot_flops(eqn)
+        if eqn.primitive.name == "reduce_sum" and eqn.invars[0] in products:
+            out[scope] = out.get(scope, 0) + 2 * math.prod(eqn.invars[0].aval.shape)
         for p in eqn.params.values():
             inner = getattr(p, "jaxpr", p)
             if hasattr(inner, "eqns"):

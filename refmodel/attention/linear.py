@@ -40,10 +40,21 @@ from refmodel.layers import param, zeros
 
 STATE_BYTES = 4  # the recurrent state is kept in float32 whatever cfg.dtype
 L2_EPS = 1e-6  # q and k L2 normalisation (Gated DeltaNet), as fla / Hugging Face
-# Elementwise FLOPs per element (constants of the cost formulas below):
-GATE_NORM_FLOPS = 6  # silu(z) 1, product 1, square-and-sum 2, rsqrt scale 1, weight 1
-FEATURE_FLOPS = {"mamba2": 3, "gated_delta": 4}  # per head: softplus(+bias) 2, g 1, sigmoid 1
-L2_FLOPS = 3  # per channel of q and k: square-and-sum 2, scale 1 (q: 1 more, dk**-0.5)
+# Elementwise FLOPs per element, as XLA counts them: one per arithmetic op, compare or select;
+# exp, log1p and rsqrt are transcendentals, not FLOPs (constants of the cost formulas below):
+SILU_FLOPS = 4  # x / (1 + exp(-x)) as x * sigmoid: negate, add, divide, multiply
+SIGMOID_FLOPS = 3  # negate, add, divide
+SOFTPLUS_FLOPS = 6  # jax.nn.softplus is logaddexp(x, 0): compare, max, abs, negate, add, select
+# Per value head and token: dt_bias add 1 + softplus + g = A dt 1 (Gated DeltaNet: + sigmoid)
+FEATURE_FLOPS = {"mamba2": SOFTPLUS_FLOPS + 2, "gated_delta": SOFTPLUS_FLOPS + 2 + SIGMOID_FLOPS}
+# Per channel of q and k: square 1, sum 1 (H-1 adds and the eps add per row), scale 1; q has
+# one more, the H**-0.5.
+L2_FLOPS = 3
+# Gated RMSNorm, per element: silu(z), the gate product 1, square 1, sum 1 (R-1 adds per row
+# of R, plus the mean's multiply and the eps add: GATE_NORM_ROW_FLOPS - 1 more per row),
+# scale 1, weight 1.
+GATE_NORM_FLOPS = SILU_FLOPS + 5
+GATE_NORM_ROW_FLOPS = 1
 
 
 @struct.dataclass
@@ -59,15 +70,19 @@ def sizes(cfg: ModelConfig) -> tuple[int, int, int, int, int, int]:
     return N, K, H, P, Q, 2 * K * H + N * P
 
 
-def causal_conv(x, state, w, b):
+def causal_conv(x, state, w):
     """Depthwise causal conv: x [B, T, X] after the Q-1 inputs in state [B, Q-1, X].
 
     Tap Q-1 of w [X, Q] multiplies the current token (PyTorch's Conv1d with padding Q-1).
-    Returns y [B, T, X] and the new state, the last Q-1 inputs."""
-    T, Q = x.shape[1], w.shape[1]
+    Returns y [B, T, X] (no bias) and the new state, the last Q-1 inputs. One convolution
+    op, not a sum of Q shifted products: XLA fuses such an elementwise chain into every
+    consumer of its output and recomputes it there (seven times over in prefill)."""
+    T = x.shape[1]
     xp = jnp.concatenate([state.astype(x.dtype), x], axis=1)  # [B, Q-1+T, X]
-    y = sum(xp[:, j:j + T] * w[:, j] for j in range(Q))
-    return (y if b is None else y + b), xp[:, T:]
+    y = jax.lax.conv_general_dilated(xp, w.T[:, None, :], (1,), "VALID",  # [Q, 1, X]
+                                     dimension_numbers=("NWC", "WIO", "NWC"),
+                                     feature_group_count=w.shape[0])
+    return y, xp[:, T:]
 
 
 def l2norm(x):
@@ -127,19 +142,25 @@ class LinearAttention(AttentionLayer):
         return z.reshape(B, T, N, P), xc, jnp.moveaxis(ba, 3, 2).reshape(B, T, 2, N)
 
     def features(self, xc, ab):
-        """Conv output xc [B, T, X] (after silu) and ab -> the recurrence's inputs:
-        q, k [B, T, K, H], v [B, T, K, G, P], g, beta [B, T, K, G] (all float32)."""
+        """Conv output xc [B, T, X] (before its bias and silu) and ab -> the recurrence's
+        inputs: q, k [B, T, K, H], v [B, T, K, G, P], g, beta [B, T, K, G] (all float32).
+
+        The bias and silu are applied after the split, per part: applied to the whole of xc,
+        XLA recomputes them in every consumer of each part, over all X channels."""
         B, T, _ = xc.shape
         N, K, H, P, _, _ = sizes(self.cfg)
         xc, ab = xc.astype(jnp.float32), ab.astype(jnp.float32)
         A = -jnp.exp(self.A_log[...].astype(jnp.float32))  # [N]
         dt_bias = self.dt_bias[...].astype(jnp.float32)
         if self.rule == "mamba2":
-            v, k, q = jnp.split(xc, [N * P, N * P + K * H], axis=-1)  # x, B, C
+            cuts = [N * P, N * P + K * H]
+            b = jnp.split(self.conv_b[...].astype(jnp.float32), cuts)
+            v, k, q = (jax.nn.silu(a + c) for a, c in zip(jnp.split(xc, cuts, axis=-1), b,
+                                                           strict=True))  # x, B, C
             beta = jax.nn.softplus(ab + dt_bias)  # dt [B, T, N]
             g = A * beta
         else:
-            q, k, v = jnp.split(xc, [K * H, 2 * K * H], axis=-1)
+            q, k, v = (jax.nn.silu(a) for a in jnp.split(xc, [K * H, 2 * K * H], axis=-1))
             q = l2norm(q.reshape(B, T, K, H)) * H**-0.5
             k = l2norm(k.reshape(B, T, K, H))
             beta = jax.nn.sigmoid(ab[:, :, 0])  # [B, T, N]
@@ -167,9 +188,8 @@ class LinearAttention(AttentionLayer):
             z, xc, ab = self.project(x)
         with jax.named_scope("conv"):
             conv0 = jnp.zeros((B, Q - 1, X), x.dtype) if cache is None else cache.conv
-            b = self.conv_b[...] if self.rule == "mamba2" else None
-            xc, conv = causal_conv(xc, conv0, self.conv_w[...], b)
-            q, k, v, g, beta = self.features(jax.nn.silu(xc), ab)
+            xc, conv = causal_conv(xc, conv0, self.conv_w[...])
+            q, k, v, g, beta = self.features(xc, ab)
         S0 = jnp.zeros((B, N, H, P), jnp.float32) if cache is None else cache.state
         S0 = S0.reshape(B, K, N // K, H, P)
         decode = cache is not None and T == 1
@@ -225,15 +245,16 @@ class LinearAttention(AttentionLayer):
         width = 2 * N * P + 2 * K * H + (N if rule == "mamba2" else 2 * N)
         proj = matmul(M, D, width, dt)
         bias = rule == "mamba2"
-        conv = Cost(flops=M * X * (2 * Q + bias + 1),  # Q multiply-adds, bias, silu
+        conv = Cost(flops=M * X * (2 * Q + bias + SILU_FLOPS),  # Q multiply-adds, bias, silu
                     weight_bytes=X * (Q + bias) * dt.w,
                     kv_bytes=2 * batch * (Q - 1) * X * dt.c,  # read and write the window
                     act_bytes=2 * M * X * dt.a)
-        conv = conv + Cost(flops=M * N * FEATURE_FLOPS[rule] + (
+        conv = conv + Cost(flops=M * N * FEATURE_FLOPS[rule] + N + (  # + N: A = -exp(A_log)
             M * K * H * (2 * L2_FLOPS + 1) if rule == "gated_delta" else 0))
-        out = matmul(M, N * P, D, dt) + Cost(flops=GATE_NORM_FLOPS * M * N * P,
-                                             weight_bytes=cls.param_counts(cfg, kind)["norm"]
-                                             * dt.w)
+        rows = N if rule == "gated_delta" else K  # RMS rows per token
+        out = matmul(M, N * P, D, dt) + Cost(
+            flops=M * (GATE_NORM_FLOPS * N * P + GATE_NORM_ROW_FLOPS * rows),
+            weight_bytes=cls.param_counts(cfg, kind)["norm"] * dt.w)
         ops = {"qkv_proj": proj, "conv": conv}
         if new == 1:
             ops["state_update"] = state_update_cost(cfg, batch, dt)
@@ -245,39 +266,55 @@ class LinearAttention(AttentionLayer):
 
 def state_update_cost(cfg: ModelConfig, batch: int, dt: Dtypes) -> Cost:
     """One token per sequence through `recurrent`, per value head: decay H P, rank-1 write
-    2 H P, read q S 2 H P, u = beta v P (+ delta rule: k S 2 H P and v - k S P; Mamba-2:
-    skip D x 2 P). The state is read and written once: 2 N H P float32 per sequence."""
+    2 H P, read q S 2 H P, u = beta v P (+ delta rule: k S 2 H P, its decay P and v - k S P;
+    Mamba-2: skip D x 2 P). The state is read and written once: 2 N H P float32 per sequence.
+    """
     N, K, H, P, _, _ = sizes(cfg)
-    per_head = 5 * H * P + P + (2 * H * P + P if cfg.linear_rule == "gated_delta" else 2 * P)
+    per_head = 5 * H * P + P + (2 * H * P + 2 * P if cfg.linear_rule == "gated_delta" else 2 * P)
     return Cost(flops=batch * N * per_head,
                 kv_bytes=2 * batch * N * H * P * STATE_BYTES,
                 act_bytes=batch * (2 * K * H + 2 * N * P + 2 * N) * dt.a)
+
+
+def solve_flops(cfg: ModelConfig, batch: int, new: int) -> float:
+    """The delta rule's triangular solve in `chunked` (zero for Mamba-2): per value head and
+    chunk, forward substitution through C rows for P + H right-hand sides, C (C-1) / 2
+    multiply-adds each. (It runs as a library call, LAPACK's trsm on CPU, whose FLOPs XLA's
+    cost analysis does not see: `refmodel.check` names the difference.)"""
+    if cfg.linear_rule != "gated_delta":
+        return 0.0
+    N, _, H, P, _, _ = sizes(cfg)
+    C = cfg.linear_chunk
+    return batch * -(-new // C) * N * C * (C - 1) * (P + H)
 
 
 def chunk_scan_cost(cfg: ModelConfig, batch: int, new: int, dt: Dtypes) -> Cost:
     """`chunked` on `new` tokens padded to M chunks of C, as executed. Per chunk:
 
     per key head    q k^T 2 C^2 H (the delta rule: and k k^T, 2 C^2 H more)
-    per value head  decay mask (segsum, exp, times q k^T) 3 C^2; q and k decays 2 C H;
-                    u = beta v and the sum of o's two terms 2 C P; from the state
-                    q S 2 C H P; within the chunk scores u 2 C^2 P; hand-over
-                    a S + k^T u 2 C H P + 2 H P; Mamba-2's skip D x 2 C P
-    delta rule      A 2 C^2, W's right-hand side 2 C H, the triangular solve for
-                    [U | W] C^2 (P + H), u = U - W S 2 C H P + C P
+    per value head  decay mask: segsum's two selects 2 C^2 and cumsum C^2 (C-1) (a cumsum of
+                    length C is a reduce-window: C-1 adds per element), times q k^T C^2;
+                    the cumulative decay C (C-1); q and k decays 2 C H; u = beta v and the
+                    sum of o's two terms 2 C P; from the state q S 2 C H P; within the chunk
+                    scores u 2 C^2 P; hand-over a S + k^T u 2 C H P + 2 H P; Mamba-2's skip
+                    D x 2 C P
+    delta rule      A = tril(beta k k^T L) 3 C^2 and I + A C^2, W's right-hand side
+                    C + C H, the triangular solve (`solve_flops`), u = U - W S 2 C H P + C P
 
     The state is read and written once per call (it stays on chip between chunks).
-    XLA's cost analysis counts a `lax.scan` body once, not M times; with the scan unrolled
-    it agrees to ~10% (it counts a cumsum of length C as C adds per element)."""
+    XLA's cost analysis counts a `lax.scan` body once, not M times (`refmodel.check` sizes
+    its prefill to one chunk)."""
     N, K, H, P, _, _ = sizes(cfg)
     C = cfg.linear_chunk
     M = -(-new // C)
     per_key = 2 * C * C * H
-    per_value = 3 * C * C + 2 * C * H + 2 * C * P + 4 * C * H * P + 2 * C * C * P + 2 * H * P
+    per_value = (C * C * (C - 1) + 3 * C * C + C * (C - 1) + 2 * C * H + 2 * C * P
+                 + 4 * C * H * P + 2 * C * C * P + 2 * H * P)
     if cfg.linear_rule == "gated_delta":
         per_key += 2 * C * C * H
-        per_value += 2 * C * C + 2 * C * H + C * C * (P + H) + 2 * C * H * P + C * P
+        per_value += 4 * C * C + C + C * H + 2 * C * H * P + C * P
     else:
         per_value += 2 * C * P  # skip D x
-    return Cost(flops=batch * M * (K * per_key + N * per_value),
+    return Cost(flops=batch * M * (K * per_key + N * per_value) + solve_flops(cfg, batch, new),
                 kv_bytes=2 * batch * N * H * P * STATE_BYTES,
                 act_bytes=batch * new * (2 * K * H + 2 * N * P + 2 * N) * dt.a)

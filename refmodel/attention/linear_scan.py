@@ -46,12 +46,14 @@ def recurrent(rule: str, state, q, k, v, g, beta):
 
     def step(S, xs):  # S [B, K, G, H, P]
         q, k, v, g, beta = xs  # [B, K, H], [B, K, H], [B, K, G, P], [B, K, G], [B, K, G]
-        S = jnp.exp(g)[..., None, None] * S  # decay: H P per head
-        if rule == "gated_delta":
-            v = v - jnp.einsum("BKH,BKGHP->BKGP", k, S)  # what S predicts for k: 2 H P
+        q, k = (jnp.broadcast_to(a[:, :, None], S.shape[:-1]) for a in (q, k))  # [B,K,G,H]
+        a = jnp.exp(g)[..., None]  # [B, K, G, 1] the decay
+        if rule == "gated_delta":  # what the decayed state predicts for k: 2 H P + P
+            v = v - a * jnp.einsum("BKGH,BKGHP->BKGP", k, S)
+        S = a[..., None] * S  # decay: H P per head
         u = beta[..., None] * v  # [B, K, G, P]
-        S = S + jnp.einsum("BKH,BKGP->BKGHP", k, u)  # rank-1 write: 2 H P
-        return S, jnp.einsum("BKH,BKGHP->BKGP", q, S)  # read: 2 H P
+        S = S + k[..., None] * u[..., None, :]  # rank-1 write: 2 H P
+        return S, jnp.einsum("BKGH,BKGHP->BKGP", q, S)  # read: 2 H P
 
     xs = tuple(jnp.moveaxis(a.astype(jnp.float32), 1, 0) for a in (q, k, v, g, beta))
     state, o = jax.lax.scan(step, state, xs)
