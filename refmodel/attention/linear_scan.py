@@ -44,6 +44,12 @@ RULES = ("mamba2", "gated_delta")
 def recurrent(rule: str, state, q, k, v, g, beta):
     """Token by token. Returns o [B, T, K, G, P] and the state after the last token."""
 
+    # q and k are broadcast over the G value heads so that both reads of S contract it in
+    # place (batch B K G, contract H): with K alone as batch XLA transposed S for the read
+    # and recomputed the whole update for the copy. The delta rule reads k S from the state
+    # before its decay and decays the P results (a (k S) = k (a S)): reading the decayed
+    # state made XLA compute the decay twice, once per consumer.
+
     def step(S, xs):  # S [B, K, G, H, P]
         q, k, v, g, beta = xs  # [B, K, H], [B, K, H], [B, K, G, P], [B, K, G], [B, K, G]
         q, k = (jnp.broadcast_to(a[:, :, None], S.shape[:-1]) for a in (q, k))  # [B,K,G,H]
