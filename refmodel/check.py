@@ -46,13 +46,12 @@ rather than loosened in a test):
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
 
 import refmodel
-from refmodel import attention, costs
+from refmodel import attention, costs, moe
 from refmodel.attention import linear
 from refmodel.config import ModelConfig
 from refmodel.costing import Dtypes
@@ -114,11 +113,6 @@ def cost_analysis(compiled) -> dict | None:
     return dict(out) if out else None
 
 
-def expert_tile(pairs: int, n_experts: int) -> int:
-    """Rows per trip of `MoE.grouped_experts`' loop for `pairs` routed rows (mirrors it)."""
-    return min(128, max(1, 1 << math.ceil(math.log2(max(1.0, pairs / n_experts)))))
-
-
 def known_differences(cfg: ModelConfig, phase: str, batch: int, context: int,
                       native_grouped: bool, native_solve: bool = False) -> dict[str, float]:
     """FLOPs the compiler counts that the analytic model leaves out by design, by reason."""
@@ -136,7 +130,7 @@ def known_differences(cfg: ModelConfig, phase: str, batch: int, context: int,
         pairs, E = tokens * cfg.top_k, cfg.n_experts
         ops = MoE.costs(cfg, tokens, Dtypes())
         per_row = (ops["ffn_up"].flops + ops["ffn_down"].flops) / pairs
-        rows = E * expert_tile(pairs, E)  # one trip of each expert's loop
+        rows = E * moe.expert_tile(pairs, E)  # one trip of each expert's loop
         out[EXPERT_LOOPS] = moe_layers * ((rows - pairs) * per_row + rows * cfg.d_model)
     return out
 

@@ -14,7 +14,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from refmodel.config import ModelConfig
@@ -26,6 +25,12 @@ def expected_distinct_experts(tokens: float, n_experts: int, top_k: int) -> floa
     """Expected number of distinct experts that `tokens` tokens, each choosing top_k of
     n_experts uniformly, touch: E (1 - (1 - A/E)^tokens)."""
     return n_experts * (1.0 - (1.0 - top_k / n_experts) ** tokens)
+
+
+def expert_tile(pairs: int, n_experts: int) -> int:
+    """Rows per trip of `MoE.grouped_experts`' loop: the power of two nearest above the mean
+    rows per expert, in [1, 128] (static: it depends only on shapes)."""
+    return min(128, max(1, 1 << math.ceil(math.log2(max(1.0, pairs / n_experts)))))
 
 
 class MoE(nnx.Module):
@@ -117,7 +122,7 @@ class MoE(nnx.Module):
         this loop (tests/test_model.py checks both against the every-expert oracle).
         """
         P, D = xs.shape
-        tile = min(128, max(1, 1 << int(np.ceil(np.log2(max(1.0, P / self.cfg.n_experts))))))
+        tile = expert_tile(P, self.cfg.n_experts)
         starts = jnp.cumsum(sizes) - sizes  # first row of each expert [E]
         xs = jnp.pad(xs, ((0, tile), (0, 0)))  # [P + tile, D]: tiles never read past the end
         out = jnp.zeros_like(xs)
