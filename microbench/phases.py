@@ -12,23 +12,20 @@ dtype, and the bandwidth of the smallest memory level that holds the phase's wor
     measured / predicted = t_predicted / t_measured   (1.0 = on the roof; 0.5 = half of it)
 
 The timed callable is `phases.jitted[phase]`, the object the compiler cross-check lowers too.
-Decode phases run on a cache of `context + 1` slots filled with random values at position
-`context`; the harness feeds each call's cache into the next (donated, in place), so repeated
-calls keep writing the last slot and every call does the work of one step at that context.
+Arguments come from `Phases.example_args` (the same the cross-check lowers): decode phases run
+on a cache of `context + 1` slots filled with random values at position `context`; the harness
+feeds each call's cache into the next (donated, in place), so repeated calls keep writing the
+last slot and every call does the work of one step at that context.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-import jax
-import jax.numpy as jnp
-
 import refmodel
 from microbench import harness
 from refmodel import costs
-
-DECODE_PHASES = ("decode_attention", "decode_ffn", "decode")
+from refmodel.phases import donation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,38 +36,6 @@ class Timing:
     min_samples: int = 5
     target_cv: float = 0.03
     min_sample_s: float = 2e-3
-
-
-def filled_cache(cfg: refmodel.ModelConfig, batch: int, context: int, seed: int = 0):
-    """A cache of context + 1 slots at position `context`, float entries random normal."""
-    cache = refmodel.init_cache(cfg, batch, context + 1)
-    leaves, tree = jax.tree.flatten(cache.layers)
-    keys = jax.random.split(jax.random.key(seed), max(1, len(leaves)))
-    leaves = [jax.random.normal(k, x.shape, x.dtype) if jnp.issubdtype(x.dtype, jnp.floating)
-              else x for k, x in zip(keys, leaves, strict=False)]
-    return cache.replace(layers=jax.tree.unflatten(tree, leaves),
-                         pos=jnp.asarray(context, jnp.int32))
-
-
-def phase_args(phases: refmodel.Phases, phase: str, batch: int, context: int, seed: int = 0):
-    """(args, donate_argnums, carry) to time `phases.jitted[phase]` at (batch, context)."""
-    cfg = phases.cfg
-    key = jax.random.key(seed)
-    if phase == "prefill":
-        tokens = jax.random.randint(key, (batch, context), 0, cfg.vocab_size, jnp.int32)
-        cache = refmodel.init_cache(cfg, batch, context)
-        return (phases.state, tokens, cache), (2,), lambda out: (out[1],)
-    if phase == "decode":
-        token = jax.random.randint(key, (batch,), 0, cfg.vocab_size, jnp.int32)
-        return ((phases.state, token, filled_cache(cfg, batch, context, seed)), (2,),
-                lambda out: (out[1],))
-    if phase == "decode_attention":
-        return ((phases.state, phases.hidden(batch, seed), filled_cache(cfg, batch, context,
-                                                                        seed)),
-                (2,), lambda out: (out[1],))
-    if phase == "decode_ffn":
-        return (phases.state, phases.hidden(batch, seed)), (), None
-    raise ValueError(f"phase={phase!r} is not one of {refmodel.PHASES}")
 
 
 def working_set_bytes(cfg: refmodel.ModelConfig, phase: str, batch: int, context: int,
@@ -124,7 +89,8 @@ def measure_point(phases: refmodel.Phases, phase: str, batch: int, context: int,
     """Time one phase at (batch, context) and put it beside its counted and predicted cost."""
     cfg = phases.cfg
     counted = costs.phase_costs(cfg, phase, batch, context)
-    args, donate, carry = phase_args(phases, phase, batch, context)
+    args = phases.example_args(phase, batch, context, fill=True)
+    donate, carry = donation(phase)
     compiled = phases.jitted[phase].lower(*args).compile()  # the callable the check lowers
     t = harness.time_fn(compiled, *args, donate_argnums=donate, carry=carry,
                         budget_s=timing.budget_s, min_samples=timing.min_samples,

@@ -48,7 +48,6 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 
 import refmodel
 from refmodel import attention, costs, moe
@@ -89,22 +88,6 @@ def variants(kinds: tuple[str, ...] | None = None) -> dict[str, ModelConfig]:
     return out
 
 
-def phase_args(phases: refmodel.Phases, phase: str, batch: int, context: int) -> tuple:
-    """The arguments the phase is timed with (the cache as `costs` assumes: max_len = context
-    for prefill, context + 1 for the decode phases)."""
-    cfg = phases.cfg
-    if phase == "prefill":
-        cache = refmodel.init_cache(cfg, batch, context)
-        return phases.state, jnp.zeros((batch, context), jnp.int32), cache
-    if phase == "decode_ffn":
-        return phases.state, phases.hidden(batch)
-    cache = refmodel.init_cache(cfg, batch, context + 1)
-    cache = cache.replace(pos=jnp.asarray(context, jnp.int32))
-    if phase == "decode_attention":
-        return phases.state, phases.hidden(batch), cache
-    return phases.state, jnp.zeros((batch,), jnp.int32), cache
-
-
 def cost_analysis(compiled) -> dict | None:
     """`compiled.cost_analysis()` as a dict (None when the backend gives none)."""
     out = compiled.cost_analysis()
@@ -138,7 +121,7 @@ def known_differences(cfg: ModelConfig, phase: str, batch: int, context: int,
 def check_one(label: str, cfg: ModelConfig, phases: refmodel.Phases, phase: str,
               batch: int = BATCH, context: int = CONTEXT, fast: bool = True) -> dict:
     """One row: analytic and compiler FLOPs and bytes of one phase of one config."""
-    lowered = phases.jitted[phase].lower(*phase_args(phases, phase, batch, context))
+    lowered = phases.jitted[phase].lower(*phases.example_args(phase, batch, context))
     native_grouped = "ragged_dot" in lowered.as_text(dialect="stablehlo")
     compiled = lowered.compile(FAST_COMPILE if fast else None)
     native_solve = "triangular-solve(" in compiled.as_text()

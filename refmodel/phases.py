@@ -19,9 +19,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-from refmodel.model import Cache
+from refmodel.model import Cache, init_cache
 
 PHASES = ("prefill", "decode_attention", "decode_ffn", "decode")
 
@@ -109,5 +110,45 @@ class Phases:
 
     def hidden(self, batch: int, seed: int = 0) -> jax.Array:
         """A random residual-stream input x [B, D] for the decode half-phases."""
-        dtype = jnp.dtype(self.cfg.dtype)
-        return jax.random.normal(jax.random.key(seed), (batch, self.cfg.d_model), dtype)
+        x = np.random.default_rng(seed).standard_normal((batch, self.cfg.d_model), np.float32)
+        return jnp.asarray(x, jnp.dtype(self.cfg.dtype))
+
+    def example_args(self, phase: str, batch: int, context: int, fill: bool = False,
+                     seed: int = 0) -> tuple:
+        """Arguments of `jitted[phase]` at (batch, context), with the cache the cost model
+        counts: max_len = context for prefill (from empty), context + 1 for the decode phases
+        (at position context). fill=True fills the cache with random normal values (what the
+        benchmarks time: never zeros); the compiler cross-check needs only the shapes."""
+        cfg, rng = self.cfg, np.random.default_rng(seed)
+
+        def tokens(shape):
+            return jnp.asarray(rng.integers(0, cfg.vocab_size, shape), jnp.int32)
+
+        if phase == "prefill":
+            return self.state, tokens((batch, context)), init_cache(cfg, batch, context)
+        if phase == "decode_ffn":
+            return self.state, self.hidden(batch, seed)
+        if phase not in ("decode", "decode_attention"):
+            raise ValueError(f"phase={phase!r} is not one of {PHASES}")
+        cache = init_cache(cfg, batch, context + 1).replace(pos=jnp.asarray(context, jnp.int32))
+        if fill:
+            cache = cache.replace(layers=jax.tree.map(lambda a: _random_like(a, rng),
+                                                      cache.layers))
+        first = self.hidden(batch, seed) if phase == "decode_attention" else tokens((batch,))
+        return self.state, first, cache
+
+
+def _random_like(a: jax.Array, rng: np.random.Generator) -> jax.Array:
+    """Random normal values of a's shape for floating leaves; integer leaves unchanged."""
+    if not jnp.issubdtype(a.dtype, jnp.floating):
+        return a
+    return jnp.asarray(rng.standard_normal(a.shape, np.float32), a.dtype)
+
+
+def donation(name: str) -> tuple[tuple[int, ...], object]:
+    """(donated argument numbers, carry) of phase `name`: which inputs the jitted phase
+    donates, and a function picking from its output the values to pass in their place on
+    the next call (the updated cache)."""
+    if name in _DONATE:
+        return (2,), lambda out: (out[1],)
+    return (), None

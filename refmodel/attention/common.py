@@ -43,12 +43,14 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: flo
     mask is [T, S] or [B, T, S]; sinks, if given, is one learned logit per head [K, G] that
     joins the softmax denominator but carries no value (gpt-oss). Returns [B, T, K, G, Hv].
 
-    For one query (decode) both products are written as a broadcast multiply and a sum: the
-    same FLOPs, but XLA:CPU fuses them into one pass over the cache, where the einsum made it
-    transpose (copy) K and V on every step: 4 full copies of a 4K-token cache per layer,
-    3-4x slower in microbench (measured while the machine was shared).
+    For one query with G > 1 (GQA, MQA decode) both products are written as a broadcast
+    multiply and a sum: the same FLOPs, but XLA:CPU fuses them into one pass over the cache,
+    where the einsum made it transpose (copy) K and V on every step: 4 full copies of a
+    4K-token cache per layer, 3-4x slower (measured while the machine was shared). With G = 1
+    (MHA, MLA naive) the same multiply-and-sum hit a slow path, 40x slower than the einsum
+    (K = 8, S = 4K, H = 32: 3.8 ms vs 0.09 ms), so there the einsum stays.
     """
-    decode = q.shape[1] == 1
+    decode = q.shape[1] == 1 and q.shape[3] > 1  # one query, several per KV head (G > 1)
     with jax.named_scope("attn_scores"):
         if decode:  # multiply-and-reduce reads the cache once, in place (see below)
             s = jnp.sum(q[:, 0, :, :, None, :] * k[:, :, None], axis=-1)[:, :, :, None] * scale

@@ -1,0 +1,288 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · The roofline: arithmetic intensity, roofs and the ridge point
+#
+# Every kernel does some work (FLOPs) and moves some data (bytes). Its **arithmetic
+# intensity** is the ratio
+#
+# $$ I = \frac{\text{FLOPs}}{\text{bytes moved}} \quad [\text{FLOP/byte}] $$
+#
+# A chip has two ceilings: a peak compute rate $P$ (FLOP/s) and a memory bandwidth $\beta$
+# (byte/s). A kernel of intensity $I$ cannot run faster than
+#
+# $$ \text{attainable}(I) = \min(P,\; I\,\beta), $$
+#
+# the *roofline* (Williams, Waterman & Patterson, CACM 2009). The two roofs meet at the
+# **ridge point** $I^* = P / \beta$: below it a kernel is memory-bound, above it compute-bound.
+#
+# Each step below builds a kernel from `microbench`, counts it, times it on this machine with
+# `microbench.harness.time_fn`, and checks it. `QUICK` (the default, what CI runs) uses small
+# sizes and short budgets; `LAB_FULL=1` uses publication sizes.
+
+# %%
+# %matplotlib inline
+import os
+
+import jax
+import numpy as np
+from IPython.display import display
+from matplotlib.figure import Figure
+
+from microbench import bandwidth, compute, guard, hardware, harness, intensity, peaks, plot
+from microbench.phases import predict
+from refmodel.check import cost_analysis
+
+# %%
+QUICK = os.environ.get("LAB_FULL", "0") != "1"  # parameter: LAB_FULL=1 for publication size
+jax.config.update("jax_default_matmul_precision", "highest")  # float32 GEMMs stay float32
+BUDGET = dict(budget_s=0.15, min_samples=3, min_sample_s=1e-3) if QUICK else \
+    dict(budget_s=1.0, min_samples=5, min_sample_s=2e-3)
+ENV = harness.environment()
+SPEC = hardware.device_for_environment(ENV)  # this machine's ceilings (None if unknown)
+print(peaks.machine_label(ENV), "| quick" if QUICK else "| full")
+
+# %% [markdown]
+# ## Step 1 · Count the intensity of a matrix multiply
+#
+# $C = AB$ with $A \in \mathbb{R}^{M\times K}$, $B \in \mathbb{R}^{K\times N}$ does one
+# multiply-add per $(m, k, n)$: $2MKN$ FLOPs. At the minimum it reads $A$ and $B$ once and
+# writes $C$ once: $s(MK + KN + MN)$ bytes for $s$-byte elements. For a square float32 GEMM
+# ($s=4$) that is $I = 2n^3 / 12n^2 = n/6$: intensity grows with size, which is why big
+# matrix multiplies are compute-bound.
+
+# %%
+GEMM_SIZES = (128, 256, 512) if QUICK else (256, 512, 1024, 2048)
+gemm, gemm_label = compute.gemm_fn("float32")
+print("kernel:", gemm_label)
+counted = {n: (compute.gemm_flops(n, n, n), compute.gemm_bytes(n, n, n, "float32"))
+           for n in GEMM_SIZES}
+for n, (f, b) in counted.items():
+    print(f"n={n:5d}: {f:.3e} FLOPs, {b:.3e} bytes, I = {f / b:7.1f} FLOP/byte")
+
+# %%
+# CHECK: the counts are the compiler's own (XLA's cost analysis of the compiled kernel), and
+# the square-GEMM intensity is n / 6.
+for n, (f, b) in counted.items():
+    a_, b_ = compute.gemm_inputs(n, n, n, "float32")
+    xla = cost_analysis(harness.compile_fn(gemm, a_, b_))
+    np.testing.assert_allclose([xla["flops"], xla["bytes accessed"]], [f, b], rtol=1e-6)
+    np.testing.assert_allclose(f / b, n / 6, rtol=1e-12)
+print("GEMM FLOPs and bytes agree with XLA; I = n/6")
+
+# %% [markdown]
+# ## Step 2 · Measure the compute roof: GEMM FLOP/s
+#
+# `harness.time_fn` compiles outside the timer, warms up, blocks on the result, and repeats
+# until the spread is small or the budget is spent. FLOP/s = counted FLOPs / median time.
+# The best size is this machine's matrix roof $P$.
+
+# %%
+gemm_points = []
+for n in GEMM_SIZES:
+    a_, b_ = compute.gemm_inputs(n, n, n, "float32")
+    t = harness.time_fn(gemm, a_, b_, **BUDGET)
+    f, b = counted[n]
+    point = peaks.entry("gemm", t, f, b, dtype="float32", shape=[n, n, n])
+    guard.flag_compute(point, SPEC)  # above the theoretical peak = a measurement error
+    gemm_points.append(point)
+    print(f"n={n:5d}: {plot.fmt_si(point['flops_per_s']['median'], 'FLOP/s'):>14s} "
+          f"(p10-p90 {plot.fmt_si(point['flops_per_s']['p10'], '')}-"
+          f"{plot.fmt_si(point['flops_per_s']['p90'], '')}), stop: {t.stop}"
+          + (f"  SUSPECT: {point['reason']}" if point["suspect"] else ""))
+best_gemm = max(gemm_points, key=lambda p: p["flops_per_s"]["median"])
+P = best_gemm["flops_per_s"]["median"]
+
+# %%
+# CHECK: a measured point sits at its counted intensity (FLOP/s over byte/s is FLOPs over
+# bytes), and every timing has at least the samples asked for.
+for point in gemm_points:
+    n = point["shape"][0]
+    np.testing.assert_allclose(point["flops_per_s"]["median"] / point["bytes_per_s"]["median"],
+                               n / 6, rtol=1e-9)
+    assert point["timing"]["n"] >= BUDGET["min_samples"], point["timing"]
+print("measured GEMM points sit at I = n/6")
+
+# %% [markdown]
+# ## Step 3 · Measure the memory roof: STREAM triad
+#
+# Triad, $a_i = b_i + s\,c_i$, does 2 FLOPs per element and moves 12 bytes in float32 (read
+# $b$ and $c$, write $a$): $I = 1/6$ FLOP/byte, far left of any ridge, so its speed is the
+# bandwidth $\beta$. The arrays are several times the last-level cache, so the bytes come from
+# DRAM. On a CPU a store to a line not in cache first reads it (*write-allocate*): the
+# hardware moves one more array than the algorithm needs; we report the algorithmic bytes, and
+# also time an in-place scale ($a_i \leftarrow s\,a_i$, donated), which reads the line it
+# writes and so pays no write-allocate. The faster of the two is the bandwidth roof, as in
+# `microbench.peaks.derive_roofs`.
+
+# %%
+llc = max((size for _, size in peaks.memory_levels(ENV, SPEC)), default=32 << 20)
+array_bytes = max(2 * llc, 32 << 20) if QUICK else peaks.make_plan(False, llc).dram_array_bytes
+n_elem = array_bytes // 4
+triad = bandwidth.KERNELS["triad"]
+triad_args = bandwidth.kernel_args(triad, n_elem)
+triad_bytes = bandwidth.kernel_bytes(triad, n_elem, 4, donated=True)
+print(f"3 arrays of {array_bytes / 2**20:.0f} MiB (last-level cache {llc / 2**20:.0f} MiB); "
+      f"bytes per call: {triad_bytes}")
+
+# %%
+t = harness.time_fn(triad.fn, *triad_args, donate_argnums=(0,), **BUDGET)
+triad_point = peaks.entry("triad", t, bandwidth.kernel_flops(triad, n_elem),
+                          triad_bytes["algorithmic"], dtype="float32", n=n_elem)
+print(f"triad: {plot.fmt_si(triad_point['bytes_per_s']['median'], 'B/s')} algorithmic, "
+      f"{plot.fmt_si(triad_bytes['write_allocate'] / t.median, 'B/s')} with write-allocate")
+scale = bandwidth.KERNELS["scale"]
+scale_args = bandwidth.kernel_args(scale, n_elem)
+t = harness.time_fn(scale.fn, *scale_args, donate_argnums=(0,), **BUDGET)
+scale_point = peaks.entry("scale", t, bandwidth.kernel_flops(scale, n_elem),
+                          bandwidth.kernel_bytes(scale, n_elem, 4, donated=True)["algorithmic"],
+                          dtype="float32", n=n_elem)
+print(f"scale in place: {plot.fmt_si(scale_point['bytes_per_s']['median'], 'B/s')}")
+for point in (triad_point, scale_point):
+    guard.flag_memory(point, SPEC, "DRAM")
+best_bw = max((triad_point, scale_point), key=lambda p: p["bytes_per_s"]["median"])
+BETA = best_bw["bytes_per_s"]["median"]
+del scale_args
+
+# %%
+# CHECK: XLA counts the same FLOPs and bytes for triad (to the 4-byte scalar, which it may
+# fold away), and write-allocate adds exactly one array (the destination is written without
+# being read).
+xla = cost_analysis(harness.compile_fn(triad.fn, *triad_args))
+np.testing.assert_allclose([xla["flops"], xla["bytes accessed"]],
+                           [2 * n_elem, triad_bytes["algorithmic"]], rtol=1e-6)
+assert triad_bytes["write_allocate"] - triad_bytes["algorithmic"] == 4 * n_elem
+assert bandwidth.kernel_bytes(scale, n_elem, 4, donated=True)["write_allocate"] == \
+    scale_point["bytes"]  # in place: the line is read before it is written
+np.testing.assert_allclose(triad_point["flops"] / triad_point["bytes"], 1 / 6, rtol=1e-6)
+del triad_args
+print("triad counts agree with XLA; I = 1/6")
+
+# %% [markdown]
+# ## Step 4 · The ridge point, here and on datacenter chips
+#
+# $I^* = P/\beta$. A kernel needs at least $I^*$ FLOPs per byte to use the compute it paid
+# for. The spec database (`microbench.hardware`, vendor datasheets with sources) gives the
+# dense bf16 peak and HBM bandwidth of datacenter accelerators: their ridges sit near
+# 200-300 FLOP/byte, so anything that reads each weight for only a few tokens is
+# memory-bound there.
+
+# %%
+ridge_here = P / BETA
+CHIPS = ("H100 SXM", "H200 SXM", "B200", "MI300X", "TPU v5e", "TPU v6e")
+chips = {name: hardware.get(name) for name in CHIPS}
+print(f"this machine: P = {plot.fmt_si(P, 'FLOP/s')} (GEMM f32), beta = "
+      f"{plot.fmt_si(BETA, 'B/s')} ({best_bw['name']}) -> ridge {ridge_here:.1f} FLOP/byte")
+for name, dev in chips.items():
+    print(f"{name:10s}: bf16 {plot.fmt_si(dev.peak_flops['bfloat16'], 'FLOP/s'):>14s}, "
+          f"{dev.main_memory} {plot.fmt_si(dev.memory_bandwidth[dev.main_memory], 'B/s'):>10s}"
+          f" -> ridge {hardware.ridge_point(dev):6.0f} FLOP/byte")
+
+
+def attainable(i, peak, bw):
+    """The roofline at intensity i (microbench.phases.predict on 1 byte of traffic)."""
+    return predict(i, 1.0, {"name": "", "value": peak}, {"level": "", "value": bw})["flops_per_s"]
+
+
+# %%
+# CHECK: at the ridge both roofs are reached at once (compute time == memory time), below it
+# a kernel is memory-bound and above compute-bound; every datacenter chip listed has its
+# bf16 ridge above 100 FLOP/byte.
+for peak, bw in [(P, BETA)] + [(d.peak_flops["bfloat16"], d.memory_bandwidth[d.main_memory])
+                               for d in chips.values()]:
+    at = predict(peak / bw, 1.0, {"name": "", "value": peak}, {"level": "", "value": bw})
+    np.testing.assert_allclose(at["t_compute_s"], at["t_memory_s"], rtol=1e-12)
+    assert predict(0.5 * peak / bw, 1.0, {"name": "", "value": peak},
+                   {"level": "", "value": bw})["bound"] == "memory"
+    assert predict(2 * peak / bw, 1.0, {"name": "", "value": peak},
+                   {"level": "", "value": bw})["bound"] == "compute"
+assert all(hardware.ridge_point(d) > 100 for d in chips.values())
+print("roofs meet at the ridge")
+
+# %% [markdown]
+# ## Step 5 · Trace the roofline with one kernel: the AI sweep
+#
+# The Empirical Roofline Toolkit's trick (`microbench.intensity`): an FMA chain in place on a
+# DRAM-sized buffer. Per element it reads 4 bytes, writes 4, and runs $k$ chains of $K$
+# multiply-adds: $I = (2Kk + k - 1)/8$ FLOP/byte for float32. Sweeping $(K, k)$ walks along
+# the bandwidth roof, then bends onto the vector-unit roof. On a CPU that roof can sit *above*
+# the float32 GEMM measured in step 2: a GEMM at `Precision.HIGHEST` through XLA's CPU
+# library is not the machine's peak, and the theoretical peak (`hardware.cpu_device()`,
+# cores x FMA pipes x lanes x clock) is higher still. Each roof is a measurement of one
+# kernel, which is why the figure labels every line with what produced it.
+
+# %%
+SWEEP = ((1, 1), (4, 4), (16, 8), (64, 8)) if QUICK else intensity.POINTS
+x0 = bandwidth.kernel_args(bandwidth.KERNELS["scale"], n_elem)[0]
+sweep_points = []
+for K, k in SWEEP:
+    _, a_, b_ = compute.fma_inputs(1, k, "float32")
+    t = harness.time_fn(intensity.kernel(K, k), x0, a_, b_, donate_argnums=(0,), **BUDGET)
+    e = peaks.entry("fma_chain_inplace", t, intensity.flops(n_elem, K, k),
+                    intensity.bytes_moved(n_elem, k), K=K, k=k,
+                    flops_per_byte=intensity.intensity(K, k))
+    sweep_points.append(e)
+    print(f"K={K:3d} k={k}: I = {e['flops_per_byte']:6.2f} FLOP/byte -> "
+          f"{plot.fmt_si(e['flops_per_s']['median'], 'FLOP/s')}")
+
+# %%
+# CHECK: the sweep's counted FLOPs and bytes are XLA's, and its intensity formula holds.
+for (K, k), e in zip(SWEEP, sweep_points, strict=True):
+    _, a_, b_ = compute.fma_inputs(1, k, "float32")
+    xla = cost_analysis(harness.compile_fn(intensity.kernel(K, k), x0, a_, b_,
+                                           donate_argnums=(0,)))
+    np.testing.assert_allclose([xla["flops"], xla["bytes accessed"]], [e["flops"], e["bytes"]],
+                               rtol=1e-6)  # to the few scalar bytes XLA may fold away
+    np.testing.assert_allclose(e["flops"] / e["bytes"], e["flops_per_byte"], rtol=1e-5)
+del x0
+print("AI-sweep counts agree with XLA")
+
+# %%
+fig = Figure(figsize=(11, 7.5), layout="constrained")
+ax = fig.add_subplot()
+xs = np.geomspace(1 / 16, 2048, 200)
+for j, (name, dev) in enumerate(chips.items()):
+    peak, bw = dev.peak_flops["bfloat16"], dev.memory_bandwidth[dev.main_memory]
+    ax.plot(xs, [attainable(x, peak, bw) for x in xs], "--", lw=1.4,
+            color=plot.PALETTE[(j + 2) % 10],
+            label=f"{name} (spec, bf16): ridge {hardware.ridge_point(dev):.0f} FLOP/B")
+ax.plot(xs, [attainable(x, P, BETA) for x in xs], "-", lw=2.5, color="black",
+        label=f"this machine (measured GEMM f32, {best_bw['name']}): ridge {ridge_here:.1f} FLOP/B")
+ax.plot([ridge_here], [P], "D", color="black", ms=8)
+vec = max(e["flops_per_s"]["median"] for e in sweep_points)
+ax.hlines(vec, vec / BETA, xs[-1], colors=["0.45"],
+          label=f"this machine: vector FMA roof (best of the sweep) {plot.fmt_si(vec, 'FLOP/s')}")
+if SPEC is not None and "float32" in SPEC.peak_flops:
+    ax.axhline(SPEC.peak_flops["float32"], color="0.45", ls=":",
+               label=f"this machine: theoretical f32 peak "
+                     f"{plot.fmt_si(SPEC.peak_flops['float32'], 'FLOP/s')}")
+ys = [e["flops_per_s"]["median"] for e in sweep_points]
+ax.errorbar([e["flops_per_byte"] for e in sweep_points], ys, fmt="o:", color=plot.PALETTE[0],
+            yerr=[[y - e["flops_per_s"]["p10"] for y, e in zip(ys, sweep_points, strict=True)],
+                  [e["flops_per_s"]["p90"] - y for y, e in zip(ys, sweep_points, strict=True)]],
+            capsize=3, label="this machine: AI sweep (FMA chain in place; median, p10-p90)")
+ax.set_xscale("log", base=2)
+ax.set_yscale("log")
+ax.set_xlabel("Arithmetic intensity (FLOP / byte)")
+ax.set_ylabel("Attainable performance (FLOP / s)")
+ax.set_title("Roofline of this machine (solid, measured) and of datacenter chips (dashed, "
+             "vendor specs)")
+ax.legend(loc="lower right", fontsize=9)
+display(fig)
+
+# %% [markdown]
+# **What to take away.** Every chip is a bandwidth diagonal and a compute ceiling. A kernel's
+# intensity, counted from its shapes, says which one limits it before anything is run; the
+# measurement then says how close to that roof the code gets. The next notebook puts the two
+# phases of LLM inference, prefill and decode, on this chart.

@@ -1,0 +1,236 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 03 · Batch size: throughput is free until the ridge
+#
+# A decode step reads every FFN weight once, whatever the batch $B$, and does $2B$ FLOPs per
+# weight. With $s$-byte weights and activations small next to them,
+#
+# $$ I_\text{FFN}(B) \approx \frac{2 B\, P_\text{FFN}}{s\, P_\text{FFN}} = \frac{2B}{s}
+#    \quad(\text{bf16: } I \approx B). $$
+#
+# Below the ridge point the step time is the time to read the weights, so serving $B$ users
+# costs about as much as serving one: throughput (tokens/s per system) grows ~linearly with
+# $B$ while each user's speed (tokens/s per user) barely drops. Past the ridge, compute sets
+# the time and each user slows down. What stops $B$ from growing forever is memory: every
+# user holds a KV cache.
+
+# %%
+# %matplotlib inline
+import os
+
+import jax
+import numpy as np
+from IPython.display import display
+from matplotlib.figure import Figure
+
+import refmodel
+from microbench import bandwidth, compute, guard, hardware, harness, peaks, plot, sweeps
+from microbench.phases import Timing, measure_point
+from microbench.schema import KIND_PHASES
+from refmodel import costs
+
+# %%
+QUICK = os.environ.get("LAB_FULL", "0") != "1"  # parameter: LAB_FULL=1 for publication size
+PRESET = "small" if QUICK else "bench"
+CONTEXT = 64 if QUICK else 1024
+BATCHES = (1, 4, 16) if QUICK else (1, 2, 4, 8, 16, 32, 64)
+TIMING = Timing(budget_s=0.1, min_samples=3, min_sample_s=1e-3) if QUICK else Timing()
+jax.config.update("jax_default_matmul_precision", "highest")
+ENV = harness.environment()
+SPEC = hardware.device_for_environment(ENV)
+MACHINE = peaks.machine_label(ENV)
+print(MACHINE, "| preset", PRESET, "| quick" if QUICK else "| full")
+
+# %% [markdown]
+# ## Step 1 · Count decode-FFN intensity against batch
+#
+# For the notebook's model (float32, $s=4$: $I \approx B/2$) and for Llama 3 70B in bf16
+# ($I \approx B$), from `refmodel.costs.phase_costs(cfg, "decode_ffn", B, 0)`.
+
+# %%
+cfg = refmodel.presets.get(PRESET)
+llama = refmodel.presets.get("llama3-70b")
+ALL_B = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+counted = {name: {B: costs.phase_costs(c, "decode_ffn", B, 0)["intensity"] for B in ALL_B}
+           for name, c in ((PRESET, cfg), ("llama3-70b", llama))}
+for name, row in counted.items():
+    print(f"{name:11s}", "  ".join(f"B={B}: {i:.3g}" for B, i in row.items()))
+
+# %%
+# CHECK: 16x the batch gives ~16x the intensity (within 20%) while weights dominate the bytes;
+# in bf16 a batch-1 FFN does ~1 FLOP per byte.
+for name, row in counted.items():
+    np.testing.assert_allclose(row[16] / row[1], 16, rtol=0.2, err_msg=name)
+np.testing.assert_allclose(counted["llama3-70b"][1], 1.0, rtol=0.02)
+print({name: round(row[16] / row[1], 2) for name, row in counted.items()})
+
+# %% [markdown]
+# ## Step 2 · Measure decode FFN and the whole decode step against batch
+#
+# First this machine's roofs (one GEMM and one in-place scale larger than the last-level
+# cache, as in notebook 02), then `measure_point` at each batch.
+
+# %%
+def quick_roofs(n_gemm: int, array_bytes: int) -> dict:
+    """A peaks-like {roofs, sweep} from one GEMM and one in-place scale (microbench kernels)."""
+    fn, label = compute.gemm_fn("float32")
+    a, b = compute.gemm_inputs(n_gemm, n_gemm, n_gemm, "float32")
+    t = harness.time_fn(fn, a, b, budget_s=TIMING.budget_s, min_samples=TIMING.min_samples)
+    g = harness.rates(compute.gemm_flops(n_gemm, n_gemm, n_gemm), t)
+    scale, n = bandwidth.KERNELS["scale"], array_bytes // 4
+    args = bandwidth.kernel_args(scale, n)
+    t = harness.time_fn(scale.fn, *args, donate_argnums=(0,), budget_s=TIMING.budget_s,
+                        min_samples=TIMING.min_samples)
+    m = harness.rates(bandwidth.kernel_bytes(scale, n, 4, donated=True)["algorithmic"], t)
+    roofs = {"compute": [{"name": "GEMM float32", "kind": "compute", "dtype": "float32",
+                          "source": f"GEMM {n_gemm}^3 ({label})", **g}],
+             "memory": [{"name": "DRAM", "kind": "memory", "level": "DRAM",
+                         "source": f"in-place scale, {array_bytes >> 20} MiB", **m}]}
+    for r in roofs["compute"] + roofs["memory"]:
+        r["value"] = r["median"]
+        guard.flag_roof(r, SPEC)
+    return {"machine": MACHINE, "roofs": roofs, "sweep": {"cache_capacities": []}}
+
+
+llc = max((size for _, size in peaks.memory_levels(ENV, SPEC)), default=32 << 20)
+PEAKS = quick_roofs(512 if QUICK else 2048, max(2 * llc, 32 << 20))
+phases = refmodel.Phases(refmodel.init(cfg, seed=0))
+points = []
+for B in BATCHES:
+    for phase in ("decode_ffn", "decode"):
+        p = measure_point(phases, phase, B, CONTEXT, PEAKS, TIMING, label="gqa")
+        points.append({"sweep": "batch", "variant": "gqa", **p})
+        print(f"B={B:3d} {phase:10s}: {p['timing']['median'] * 1e3:7.3f} ms, I = "
+              f"{p['intensity']:6.2f}, {plot.fmt_si(p['flops_per_s']['median'], 'FLOP/s')}, "
+              f"{p['tokens_per_s']['median']:8.0f} tokens/s")
+
+# %%
+# CHECK: measured points sit at the counted intensity, and the decode-FFN intensity ratio
+# between the largest and smallest measured batch is the batch ratio (within 20%).
+ffn_pts = {p["batch"]: p for p in points if p["phase"] == "decode_ffn"}
+for p in points:
+    np.testing.assert_allclose(p["flops_per_s"]["median"] / p["bytes_per_s"]["median"],
+                               costs.phase_costs(cfg, p["phase"], p["batch"],
+                                                 p["context"])["intensity"], rtol=1e-9)
+lo, hi = min(BATCHES), max(BATCHES)
+np.testing.assert_allclose(ffn_pts[hi]["intensity"] / ffn_pts[lo]["intensity"], hi / lo,
+                           rtol=0.2)
+print("measured decode-FFN points follow I ~ B")
+
+# %% [markdown]
+# ## Step 3 · Throughput vs interactivity: why fast tokens cost more
+#
+# A decode step of time $t(B)$ gives each user $1/t(B)$ tokens/s and the system $B/t(B)$.
+# Cost per token is proportional to $t(B)/B$: a user who wants the fastest tokens (small $B$)
+# occupies the chip for few tokens, so pays more per token. The modelled curves use the
+# roofline time of a real model on spec chips (`microbench.sweeps.modelled_throughput`).
+
+# %%
+steps = [p for p in points if p["phase"] == "decode"]
+for p in steps:
+    t = p["timing"]["median"]
+    print(f"measured B={p['batch']:3d}: {1 / t:8.0f} tokens/s per user, "
+          f"{p['batch'] / t:8.0f} tokens/s per system")
+modelled = sweeps.modelled_throughput("llama3-8b", ("H100 SXM", "TPU v5e"),
+                                      sweeps.POWERS_OF_TWO, 4096)
+for r in modelled:
+    if r["device"] == "H100 SXM":
+        print(f"llama3-8b on H100, B={r['batch']:3d}: {r['tokens_per_s_user']:6.0f} tok/s/user, "
+              f"{r['tokens_per_s_system']:7.0f} tok/s/system, {r['bound']}-bound, "
+              f"fits: {r['fits_memory']}")
+
+# %%
+# CHECK (modelled): a bigger batch never makes a user faster nor the system slower, and
+# below the ridge 8x the users cost < 1.6x the step time (context 512: weights dominate).
+for dev in ("H100 SXM", "TPU v5e"):
+    rows = [r for r in modelled if r["device"] == dev]
+    user = [r["tokens_per_s_user"] for r in rows]
+    system = [r["tokens_per_s_system"] for r in rows]
+    assert all(a >= b for a, b in zip(user, user[1:], strict=False)), dev
+    assert all(a <= b for a, b in zip(system, system[1:], strict=False)), dev
+    h = hardware.get(dev)
+    big = refmodel.presets.get("llama3-8b")
+    ratio = (sweeps.step_time(big, h, "decode", 8, 512)["time_s"]
+             / sweeps.step_time(big, h, "decode", 1, 512)["time_s"])
+    assert ratio < 1.6, (dev, ratio)
+    print(f"{dev}: 8 users cost {ratio:.2f}x the step time of one")
+
+# %%
+result = {"kind": KIND_PHASES, "machine": MACHINE, "peaks": PEAKS,
+          "model": {"preset": PRESET, "params": costs.param_counts(cfg)["total"],
+                    "dtype": cfg.dtype},
+          "points": points, "modelled": {"throughput": modelled}}
+display(plot.batch_figure([result]))
+display(plot.throughput_figure([result]))
+
+# %% [markdown]
+# ## Step 4 · KV bytes per user: the limit on batch
+#
+# Each sequence keeps $2 L K H$ numbers per token for full attention (K and V, every layer),
+# so at context $S$ a user holds $2LKHS\,s$ bytes. On a device of memory $M$ holding weights
+# $W$,
+#
+# $$ B_\text{max} = \left\lfloor \frac{M - W}{\text{KV bytes per user}(S)} \right\rfloor . $$
+#
+# Long contexts shrink the batch, and with it the intensity of every decode step.
+
+# %%
+SERVE = (("llama3-8b", "H100 SXM", 1), ("mistral-7b", "H100 SXM", 1),
+         ("qwen3-30b-a3b", "H100 SXM", 1), ("llama3-70b", "H200 SXM", 2))
+CONTEXTS = (2048, 8192, 32768, 131072)
+limits = {}
+for preset, dev, n_dev in SERVE:
+    c, h = refmodel.presets.get(preset), hardware.get(dev)
+    weights = costs.param_counts(c)["total"] * costs.dtypes(c).w
+    memory = n_dev * h.memory_bytes
+    for S in CONTEXTS:
+        per_user = costs.kv_cache_bytes(c, S, 1, "bfloat16")
+        limits[preset, S] = int((memory - weights) // per_user)
+    print(f"{preset:14s} on {n_dev} x {dev}: weights {weights / 1e9:5.1f} GB of "
+          f"{memory / 1e9:.0f} GB; KV/token {costs.kv_bytes_per_token(c):,.0f} B; max batch "
+          + ", ".join(f"{S // 1024}K: {limits[preset, S]}" for S in CONTEXTS))
+
+# %%
+# CHECK: KV bytes are linear in batch, Llama 3 8B holds 2 x 32 layers x 8 heads x 128 x 2 B =
+# 131,072 B per token, the max batch is the largest that fits, and the sliding window of
+# Mistral 7B stops its cache from growing past W = 4096.
+c8 = refmodel.presets.get("llama3-8b")
+np.testing.assert_allclose(costs.kv_cache_bytes(c8, 8192, 7), 7 * costs.kv_cache_bytes(c8, 8192))
+assert costs.kv_bytes_per_token(c8) == 131_072
+for preset, dev, n_dev in SERVE:
+    c = refmodel.presets.get(preset)
+    weights = costs.param_counts(c)["total"] * costs.dtypes(c).w
+    memory = n_dev * hardware.get(dev).memory_bytes
+    for S in CONTEXTS:
+        B = limits[preset, S]
+        assert weights + costs.kv_cache_bytes(c, S, max(B, 1)) <= memory or B == 0
+        assert weights + costs.kv_cache_bytes(c, S, B + 1) > memory
+mistral = refmodel.presets.get("mistral-7b")
+assert costs.kv_cache_bytes(mistral, 8192) == costs.kv_cache_bytes(mistral, 4096)
+print("batch limits consistent")
+
+# %%
+fig = Figure(figsize=(9, 5.5), layout="constrained")
+ax = fig.add_subplot()
+for j, (preset, dev, n_dev) in enumerate(SERVE):
+    ax.plot(CONTEXTS, [max(limits[preset, S], 0.5) for S in CONTEXTS], "o-",
+            color=plot.PALETTE[j], label=f"{preset} (bf16) on {n_dev} x {dev}")
+ax.set_xscale("log", base=2)
+ax.set_yscale("log")
+ax.set_xlabel("Context per user (tokens)")
+ax.set_ylabel("Max concurrent users (weights + KV fit)")
+ax.set_title("KV cache per user caps the batch (sliding window: Mistral's cache stops at 4K)")
+ax.legend()
+display(fig)

@@ -1,0 +1,234 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 05 · Mixture of experts: why MoE decode needs large batches
+#
+# An MoE layer replaces one FFN by $E$ experts and a router; each token runs only the top
+# $A$ of them. Per token it does the FLOPs of $A$ experts, but the model stores all $E$:
+# **active** parameters set the FLOPs, **total** parameters set the memory.
+#
+# In decode, a batch of $B$ tokens makes $BA$ (token, expert) pairs, about $BA/E$ per expert
+# once the batch touches them all. An expert's weights are read once per step for the tokens
+# routed to it, so its intensity in bf16 is
+#
+# $$ I_\text{expert}(B) \approx \frac{BA}{E_\text{touched}(B)}, \qquad
+#    E_\text{touched}(B) = E\left(1 - (1 - A/E)^B\right) $$
+#
+# (`refmodel.moe.expected_distinct_experts`): it tends to $BA/E$, i.e. $E/A$ times less than a
+# dense FFN at the same batch. To reach a ridge of ~300 FLOP/byte the batch must be $E/A$
+# times larger.
+
+# %%
+# %matplotlib inline
+import dataclasses
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from IPython.display import display
+from matplotlib.figure import Figure
+
+import refmodel
+from microbench import hardware, harness, peaks, plot, sweeps
+from microbench.phases import Timing, measure_point
+from refmodel import costs
+from refmodel.moe import expected_distinct_experts
+
+# %%
+QUICK = os.environ.get("LAB_FULL", "0") != "1"  # parameter: LAB_FULL=1 for publication size
+PRESET = "tiny" if QUICK else "small"
+ROUTE_B, ROUTE_T = (4, 32) if QUICK else (16, 256)
+BATCHES = (1, 4, 16) if QUICK else (1, 2, 4, 8, 16, 32, 64)
+TIMING = Timing(budget_s=0.1, min_samples=3, min_sample_s=1e-3) if QUICK else Timing()
+jax.config.update("jax_default_matmul_precision", "highest")
+MACHINE = peaks.machine_label(harness.environment())
+print(MACHINE, "| preset", PRESET, "| quick" if QUICK else "| full")
+
+# %% [markdown]
+# ## Step 1 · Routing: tokens per expert
+#
+# The router scores every expert for every token and keeps the top $A$.
+# `refmodel.router_stats` runs the model and counts where each MoE layer sends its tokens.
+# A freshly initialised router is close to uniform, but not exactly: some experts get more.
+
+# %%
+cfg = dataclasses.replace(refmodel.presets.get(PRESET), ffn="moe")
+model = refmodel.init(cfg, seed=0)
+tokens = jax.random.randint(jax.random.key(0), (ROUTE_B, ROUTE_T), 0, cfg.vocab_size, jnp.int32)
+stats = {layer: np.asarray(n) for layer, n in refmodel.router_stats(model, tokens).items()}
+E, A = cfg.n_experts, cfg.top_k
+for layer, n in stats.items():
+    print(f"layer {layer}: tokens per expert {n.tolist()}  (uniform: "
+          f"{ROUTE_B * ROUTE_T * A / E:.0f}; max/mean {n.max() / n.mean():.2f})")
+
+# %%
+# CHECK: every token is routed to exactly A experts, so the counts sum to B*T*A per layer,
+# and every MoE layer is reported.
+for layer, n in stats.items():
+    assert n.shape == (E,) and (n >= 0).all()
+    assert n.sum() == ROUTE_B * ROUTE_T * A, (layer, n.sum())
+assert sorted(stats) == [i for i, f in enumerate(cfg.layer_ffns) if f == "moe"]
+print("tokens per expert sum to B*T*A =", ROUTE_B * ROUTE_T * A)
+
+# %%
+fig = Figure(figsize=(9, 4.5), layout="constrained")
+ax = fig.add_subplot()
+width = 0.8 / len(stats)
+for j, (layer, n) in enumerate(stats.items()):
+    ax.bar(np.arange(E) + (j - (len(stats) - 1) / 2) * width, n, width, label=f"layer {layer}")
+ax.axhline(ROUTE_B * ROUTE_T * A / E, color="black", ls="--", label="uniform B·T·A/E")
+ax.set_xlabel("Expert")
+ax.set_ylabel("Tokens routed")
+ax.set_title(f"Router load of '{PRESET}' MoE (E={E}, A={A}) on {ROUTE_B}x{ROUTE_T} random tokens")
+ax.legend()
+display(fig)
+
+# %% [markdown]
+# ## Step 2 · Active vs total parameters of real MoE models
+#
+# `refmodel.costs.param_counts` derives both from the architecture alone (no fitted numbers);
+# the model cards state them, so the counts can be checked.
+
+# %%
+CARDS = {  # model card: (total, active, which count the card uses for "active")
+    "mixtral-8x7b": (46.7e9, 12.9e9, "active"),
+    "deepseek-v3": (671e9, 37e9, "active"),
+    "qwen3-30b-a3b": (30.5e9, 3.3e9, "active"),
+    "gpt-oss-120b": (116.83e9, 5.13e9, "active_without_embedding"),
+}
+counted = {name: costs.param_counts(refmodel.presets.get(name)) for name in CARDS}
+for name, pc in counted.items():
+    c = refmodel.presets.get(name)
+    print(f"{name:14s}: total {pc['total'] / 1e9:7.2f}B, active {pc[CARDS[name][2]] / 1e9:6.2f}B "
+          f"({pc[CARDS[name][2]] / pc['total']:.1%}); E={c.n_experts}, A={c.top_k}; card "
+          f"{CARDS[name][0] / 1e9:g}B / {CARDS[name][1] / 1e9:g}B")
+
+# %%
+# CHECK: active < total; active = total - all routed experts + A experts per MoE layer; the
+# counts match the model cards within 3%.
+for name, pc in counted.items():
+    c = refmodel.presets.get(name)
+    assert pc["active"] < pc["total"]
+    comp = pc["components"]
+    per_expert = comp["routed_experts"] / (c.n_experts * c.layer_ffns.count("moe"))
+    np.testing.assert_allclose(pc["active"], pc["total"] - comp["routed_experts"]
+                               + c.top_k * c.layer_ffns.count("moe") * per_expert, rtol=1e-12)
+    np.testing.assert_allclose([pc["total"], pc[CARDS[name][2]]], CARDS[name][:2], rtol=0.03,
+                               err_msg=name)
+print("active/total parameters match the model cards")
+
+# %% [markdown]
+# ## Step 3 · Expert intensity at batch B
+#
+# Counted for DeepSeek-V3 (E = 256, A = 8) in bf16: the routed experts' up and down
+# projections, against $BA/E_\text{touched}(B)$ (until, at batches of many thousands, the
+# activations' bytes start to rival the weights'). Then measured: the decode FFN of the
+# notebook's MoE model at a few batches. (On XLA:CPU, `jax.lax.ragged_dot` is lowered to a
+# dense dot over all $E$ experts, see `refmodel/check.py`: the CPU reads every expert whatever
+# the routing; a GPU or TPU grouped kernel reads only the touched ones, which is what the
+# count models.)
+
+# %%
+ds = refmodel.presets.get("deepseek-v3")
+ALL_B = (1, 4, 16, 64, 256, 1024, 4096)
+
+
+def routed_intensity(c, B):
+    ops = costs.phase_costs(c, "decode_ffn", B, 0)["ops"]
+    up, down = ops["ffn_up"], ops["ffn_down"]
+    return (up["flops"] + down["flops"]) / (up["bytes"] + down["bytes"])
+
+
+ds_int = {B: routed_intensity(ds, B) for B in ALL_B}
+for B, i in ds_int.items():
+    touched = expected_distinct_experts(B, ds.n_experts, ds.top_k)
+    print(f"B={B:6d}: experts touched {touched:6.1f} of {ds.n_experts}, per-expert tokens "
+          f"{B * ds.top_k / touched:7.1f}, routed-expert I = {i:7.1f} FLOP/byte")
+phases = refmodel.Phases(model)
+moe_pts = {B: measure_point(phases, "decode_ffn", B, 0, None, TIMING, label="moe")
+           for B in BATCHES}
+for B, p in moe_pts.items():
+    print(f"measured '{PRESET}' MoE decode FFN B={B:3d}: {p['timing']['median'] * 1e3:.3f} ms, "
+          f"I = {p['intensity']:.2f}, {plot.fmt_si(p['flops_per_s']['median'], 'FLOP/s')}")
+
+# %%
+# CHECK: routed-expert intensity is B*A / E_touched(B) (within 10%: the activation function
+# adds FLOPs, the activations add bytes),
+# tending to B*A/E; measured points sit at their counted intensity.
+for B, i in ds_int.items():
+    touched = expected_distinct_experts(B, ds.n_experts, ds.top_k)
+    np.testing.assert_allclose(i, B * ds.top_k / touched, rtol=0.1, err_msg=str(B))
+np.testing.assert_allclose(ds_int[4096], 4096 * ds.top_k / ds.n_experts, rtol=0.1)
+np.testing.assert_allclose(expected_distinct_experts(1, E, A), A)
+for B, p in moe_pts.items():
+    np.testing.assert_allclose(p["flops_per_s"]["median"] / p["bytes_per_s"]["median"],
+                               costs.phase_costs(cfg, "decode_ffn", B, 0)["intensity"],
+                               rtol=1e-9)
+print("expert intensity ~ B*A/E_touched")
+
+# %% [markdown]
+# ## Step 4 · The batch that reaches the ridge
+#
+# With the roofline model of a decode FFN step (`microbench.sweeps.step_time`, bf16 weights on
+# an H100), find the smallest batch at which the FFN becomes compute-bound, for a dense model
+# and for MoE models: the MoE needs about $E/A$ times the batch.
+
+# %%
+h100 = hardware.get("H100 SXM")
+POW2 = tuple(2**i for i in range(0, 17))
+MODELS = ("llama3-70b", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3")
+
+
+def ridge_batch(c):
+    """Smallest power-of-two batch whose decode FFN is compute-bound on the H100."""
+    return next((B for B in POW2
+                 if sweeps.step_time(c, h100, "decode_ffn", B, 0)["bound"] == "compute"), None)
+
+
+need = {name: ridge_batch(refmodel.presets.get(name)) for name in MODELS}
+for name, B in need.items():
+    c = refmodel.presets.get(name)
+    ea = f"E/A = {c.n_experts / c.top_k:g}" if c.ffn == "moe" else "dense"
+    print(f"{name:14s} ({ea:9s}): decode FFN compute-bound on H100 from batch ~{B}")
+
+# %%
+# CHECK: every MoE model needs a larger batch than the dense one, DeepSeek-V3 (E/A = 32)
+# more than 10x; a batch-1 decode step reads exactly the active weights (all but the
+# embedding table, of which one row), about 5% of the model.
+assert all(need[n] > need["llama3-70b"] for n in MODELS[1:]), need
+assert need["deepseek-v3"] >= 10 * need["llama3-70b"], need
+pc = counted["deepseek-v3"]
+w1 = costs.phase_costs(ds, "decode", 1, 16)["weight_bytes"]
+np.testing.assert_allclose(w1, 2 * (pc["active"] - ds.vocab_size * ds.d_model + ds.d_model))
+assert w1 < 0.1 * 2 * pc["total"]
+print("MoE decode needs", need["deepseek-v3"] // need["llama3-70b"], "x the dense batch")
+
+# %%
+fig = Figure(figsize=(9, 6), layout="constrained")
+ax = fig.add_subplot()
+for j, name in enumerate(MODELS):
+    c = refmodel.presets.get(name)
+    ax.plot(POW2, [costs.phase_costs(c, "decode_ffn", B, 0)["intensity"] for B in POW2], "o-",
+            ms=4, color=plot.PALETTE[j], label=f"{name}" + (f" (E={c.n_experts}, A={c.top_k})"
+                                                            if c.ffn == "moe" else " (dense)"))
+ax.axhline(hardware.ridge_point(h100), color="black", ls="--",
+           label=f"H100 bf16 ridge {hardware.ridge_point(h100):.0f} FLOP/B")
+ax.set_xscale("log", base=2)
+ax.set_yscale("log")
+ax.set_xlabel("Batch (tokens decoded per step)")
+ax.set_ylabel("Decode-FFN intensity (FLOP / byte, bf16)")
+ax.set_title("MoE FFN intensity grows ~B·A/E: it reaches the ridge E/A times later")
+ax.legend()
+display(fig)

@@ -1,0 +1,220 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 06 · Measure your hardware, compare with other machines
+#
+# This notebook runs the project's measurement on *your* machine: the ceilings
+# (`microbench.peaks`: GEMM per dtype, the vector FMA chain, STREAM bandwidth, the
+# working-set sweep that names the cache levels, the AI sweep) and a few phase points of the
+# reference model (`microbench.phases`), then compares them with the results bundled in
+# `figures/data/` (measured by `python -m microbench run` on the machine named in each file).
+#
+# Quick mode (the default) runs a very small plan in well under a minute: one GEMM size per
+# dtype, one FMA chain, short budgets. Its numbers are indicative. `LAB_FULL=1` runs the same
+# plan as `python -m microbench run` (minutes). For a publication-grade run of everything, use
+# that command: it also writes the figures and a summary table.
+
+# %%
+# %matplotlib inline
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import jax
+import numpy as np
+from IPython.display import display
+
+import refmodel
+from microbench import compute, hardware, harness, peaks, plot, sweeps
+from microbench.phases import Timing, measure_point
+from microbench.schema import validate_result
+
+# %%
+QUICK = os.environ.get("LAB_FULL", "0") != "1"  # parameter: LAB_FULL=1 for publication size
+DATA = Path("..") / "figures" / "data" if Path.cwd().name == "notebooks" else \
+    Path("figures") / "data"
+jax.config.update("jax_default_matmul_precision", "highest")
+print("quick" if QUICK else "full", "| bundled results in", DATA.resolve())
+
+# %% [markdown]
+# ## Step 1 · What machine is this?
+#
+# `harness.environment()` records the backend, device, CPU model, ISA flags, caches and
+# versions; every result file carries it. `hardware.device_for_environment` finds the spec
+# ceilings: a datasheet entry for a known accelerator, or, on a CPU, the theoretical peak
+# derived from the ISA flags, cores and clock (an upper bound the guard rails use: a
+# measurement above it is an error, not a result).
+
+# %%
+env = harness.environment()
+spec = hardware.device_for_environment(env)
+machine = peaks.machine_label(env)
+print(machine)
+print({k: env[k] for k in ("backend", "device_kind", "jax_version", "cpu_count")})
+if spec is not None:
+    print(f"spec ceilings ({spec.name}):", {k: plot.fmt_si(v, "FLOP/s")
+                                            for k, v in spec.peak_flops.items()})
+    print("derivation:", spec.derivation.get("formula", "vendor datasheet"))
+
+# %%
+# CHECK: the environment names its backend; on a CPU the spec is the derived CPU entry,
+# whose float32 peak is cores x FLOP/cycle/core x clock.
+assert env["backend"] == jax.default_backend()
+if env["backend"] == "cpu":
+    assert spec is not None and spec.kind == "cpu"
+    d = spec.derivation
+    np.testing.assert_allclose(spec.peak_flops["float32"], d["cores"] * d["clock_hz"]
+                               * d["flop_per_cycle_per_core"]["float32"])
+print("environment and spec consistent")
+
+# %% [markdown]
+# ## Step 2 · The ceilings
+#
+# The same functions `python -m microbench peaks` runs, with a smaller plan in quick mode.
+# Each value is checked against the spec (`guard`), and the roofs are the best unflagged
+# values: a matrix roof per dtype, a vector roof, and one memory roof per plateau of the
+# working-set sweep (L1, L2, L3, DRAM) plus STREAM for main memory.
+
+# %%
+llc = max((size for _, size in peaks.memory_levels(env, spec)), default=32 << 20)
+plan = peaks.make_plan(True, llc) if QUICK else peaks.make_plan(False, llc)
+if QUICK:
+    plan = dataclasses.replace(plan, gemm_square=(512,), gemm_tall=(), low_precision_square=(256,),
+                               fma_K=(16,), fma_k=(8,), dram_array_bytes=max(2 * llc, 32 << 20),
+                               sweep_lo=16 << 10, sweep_hi=max(2 * llc, 32 << 20), sweep_ratio=4.0,
+                               intensity_points=((1, 1), (8, 8), (64, 8)), budget_s=0.08,
+                               min_samples=3, min_sample_s=1e-3)
+source = np.random.default_rng(0).standard_normal(
+    max(3 * plan.dram_array_bytes, plan.sweep_hi) // 4, dtype=np.float32)
+mine = {"schema_version": 1, "kind": "microbench.peaks", "machine": machine, "quick": QUICK,
+        "environment": env, "spec": spec.to_dict() if spec else None, "plan": vars(plan)}
+mine["gemm"] = peaks.measure_gemm(plan, env, spec, progress=False)
+mine["vector"] = peaks.measure_vector(plan, spec, progress=False)
+mine["bandwidth"] = peaks.measure_bandwidth(plan, spec, env, source, progress=False)
+mine["sweep"] = peaks.measure_sweep(plan, spec, env, source, progress=False)
+mine["intensity"] = peaks.measure_intensity(plan, spec, source, progress=False)
+mine["roofs"] = peaks.derive_roofs(mine, spec)
+del source
+for r in mine["roofs"]["compute"] + mine["roofs"]["memory"]:
+    unit = "FLOP/s" if r["kind"] == "compute" else "B/s"
+    print(f"{r['name']:22s} {plot.fmt_si(r['value'], unit):>14s}  ({r['source']})"
+          + (f"  SUSPECT: {r['reason']}" if r["suspect"] else ""))
+
+# %%
+# CHECK: the result validates against the schema figures are drawn from; every GEMM entry's
+# counts are 2MKN FLOPs and the algorithmic bytes; every flagged value says why.
+validate_result(mine)
+for e in mine["gemm"]:
+    m, k, n = e["shape"]
+    assert e["flops"] == compute.gemm_flops(m, k, n)
+    assert e["bytes"] == compute.gemm_bytes(m, k, n, e["dtype"])
+for e in mine["gemm"] + mine["vector"] + mine["bandwidth"] + mine["intensity"]["points"]:
+    assert not e["suspect"] or e["reason"], e["name"]
+assert any(r["kind"] == "memory" for r in mine["roofs"]["memory"])
+print("peaks result valid;", len(mine["roofs"]["compute"]), "compute and",
+      len(mine["roofs"]["memory"]), "memory roofs")
+
+# %%
+display(plot.roofline_figure([mine]))
+
+# %% [markdown]
+# ## Step 3 · Phase points of the reference model on these roofs
+#
+# `measure_point` times prefill and decode of the model and predicts each from the roofs
+# just measured: the matrix roof of the model's dtype and the bandwidth of the smallest
+# memory level that holds the phase's working set. `measured / predicted` says how close the
+# code gets to this machine's roofline (1.0 = on the roof).
+
+# %%
+PRESET, PROMPT = ("tiny", 64) if QUICK else ("bench", 256)
+TIMING = Timing(budget_s=0.1, min_samples=3, min_sample_s=1e-3) if QUICK else Timing()
+phases = refmodel.Phases(refmodel.init(refmodel.presets.get(PRESET), seed=0))
+mine_points = [measure_point(phases, ph, 1, PROMPT, mine, TIMING, label="gqa")
+               for ph in ("prefill", "decode")]
+for p in mine_points:
+    pred = p["predicted"]
+    print(f"{PRESET} {p['phase']:8s}: {p['timing']['median'] * 1e3:8.3f} ms at I = "
+          f"{p['intensity']:6.2f}; predicted {pred['bound']}-bound from {pred['memory_level']} "
+          f"and {pred['compute_roof']}: measured/predicted {p['measured_over_predicted']:.2f}")
+
+# %%
+# CHECK: measured/predicted is the predicted time over the measured median, and the memory
+# level a prediction uses is one this machine measured.
+levels = {r["level"] for r in mine["roofs"]["memory"]}
+for p in mine_points:
+    np.testing.assert_allclose(p["measured_over_predicted"],
+                               p["predicted"]["time_s"] / p["timing"]["median"], rtol=1e-12)
+    assert p["predicted"]["memory_level"] in levels
+print("predictions consistent with the measured roofs")
+
+# %% [markdown]
+# ## Step 4 · Compare with the bundled results of other machines
+#
+# `figures/data/peaks.json` and `figures/data/phases.json` are written by a full
+# `python -m microbench run` and committed with the machine named inside. If they are not
+# there (a fresh checkout before the first full run), this step says so and skips the
+# comparison; nothing is faked.
+
+# %%
+bundled, skipped = {}, []
+for name in ("peaks", "phases"):
+    path = DATA / f"{name}.json"
+    if path.exists():
+        bundled[name] = validate_result(json.loads(path.read_text()))
+        print(f"loaded {path}: {bundled[name]['machine']} "
+              f"({bundled[name]['environment'].get('date_utc', '?')[:10]})")
+    else:
+        skipped.append(str(path))
+        print(f"SKIPPED: {path} not found, no comparison with another machine's {name}")
+
+# %%
+# CHECK: a comparison was made from every file present, and only missing files were skipped.
+for path in skipped:
+    assert not Path(path).exists(), path
+assert len(bundled) + len(skipped) == 2
+if "peaks" in bundled:
+    theirs = bundled["peaks"]
+    for kind in ("compute", "memory"):
+        key = "dtype" if kind == "compute" else "level"
+        ours = {r[key]: r["value"] for r in mine["roofs"][kind] if not r["suspect"]}
+        for r in theirs["roofs"][kind]:
+            if r[key] in ours and not r["suspect"]:
+                print(f"{r['name']:22s}: here {plot.fmt_si(ours[r[key]], '')}, "
+                      f"{theirs['machine']} {plot.fmt_si(r['value'], '')} "
+                      f"(ratio {ours[r[key]] / r['value']:.2f})")
+    display(plot.roofline_figure([mine, theirs], title="This machine vs the bundled results"))
+if "phases" in bundled:
+    for p in bundled["phases"]["points"]:
+        if p["sweep"] == "roofline" and p["variant"] == "gqa":
+            print(f"{bundled['phases']['machine']}: {p['phase']:17s} "
+                  f"{p['timing']['median'] * 1e3:8.3f} ms, measured/predicted "
+                  f"{p.get('measured_over_predicted', float('nan')):.2f}")
+print(f"compared: {sorted(bundled) or 'nothing'}; skipped: {skipped or 'nothing'}")
+
+# %% [markdown]
+# The same spec table lets you place this machine among datacenter chips: its ridge point
+# against theirs, for the dtype it measured best.
+
+# %%
+gemm_roofs = [r for r in mine["roofs"]["compute"] if r["name"].startswith("GEMM")
+              and not r["suspect"]]
+main = [r for r in mine["roofs"]["memory"] if r["level"] == peaks.main_memory_name(env)]
+if gemm_roofs and main:
+    best = max(gemm_roofs, key=lambda r: r["value"])
+    print(f"this machine: ridge {best['value'] / main[0]['value']:.1f} FLOP/byte "
+          f"({best['name']} over {main[0]['name']})")
+for name in sweeps.MODEL_DEVICES:
+    print(f"{name:10s}: ridge {hardware.ridge_point(hardware.get(name)):.0f} FLOP/byte "
+          "(bf16, spec)")
