@@ -215,6 +215,12 @@ def derive_roofs(result: dict, spec) -> dict:
         kind = "donated" if stream["donated"] else "fresh output"
         memory_roofs.append(_roof(main, "memory", main, stream, "bytes_per_s",
                                   f"STREAM {stream['name']} ({kind}), algorithmic bytes", spec))
+    # Inference streams weights and caches: a read-only roof is the one its phases can reach
+    # (on this VM reads alone peak well below reads + writes together).
+    read = _best([e for e in result["bandwidth"] if e["name"] == "read"], "bytes_per_s")
+    if read:
+        memory_roofs.append(_roof(f"{main} read-only", "memory", f"{main} read", read,
+                                  "bytes_per_s", "STREAM read (a sum), algorithmic bytes", spec))
     return {"compute": compute_roofs, "memory": [guard.flag_roof(r, spec) for r in memory_roofs]}
 
 

@@ -50,16 +50,18 @@ def working_set_bytes(cfg: refmodel.ModelConfig, phase: str, batch: int, context
 
 
 def memory_level(roofs: dict, capacities: list, working_set: float) -> dict:
-    """The memory roof of the smallest level whose capacity holds the working set (the last,
-    main-memory roof when none does). `capacities` is [[level, bytes], ...] smallest first."""
-    memory = [r for r in roofs["memory"] if not r.get("suspect")]
-    if not memory:
-        raise ValueError("roofs.memory: no unflagged memory roof to predict with")
-    by_level = {r["level"]: r for r in memory}
+    """The memory roof of the smallest cache level whose capacity holds the working set, else
+    main memory's read-only roof (inference phases stream weights and caches: reads), else
+    main memory's best roof. `capacities` is [[level, bytes], ...] smallest first."""
+    by_level = {r["level"]: r for r in roofs["memory"] if not r.get("suspect")}
     for level, capacity in capacities:
         if working_set <= capacity and level in by_level:
             return by_level[level]
-    return max(memory, key=lambda r: 0 if r["level"] in dict(capacities) else 1)
+    main = [level for level in by_level if level not in dict(capacities)]
+    if not main:
+        raise ValueError("roofs.memory: no unflagged main-memory roof to predict with")
+    read = [level for level in main if level.endswith(" read")]
+    return by_level[(read or main)[0]]
 
 
 def compute_roof(roofs: dict, dtype: str) -> dict:

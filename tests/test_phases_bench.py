@@ -47,6 +47,11 @@ def test_memory_level_is_the_smallest_that_holds_the_working_set():
     # L3 holds it but has no measured roof: fall through to main memory
     assert mp.memory_level(ROOFS, caps, 4 << 20)["level"] == "DRAM"
     assert mp.memory_level(ROOFS, caps, 1 << 40)["level"] == "DRAM"
+    read = {"name": "DRAM read-only", "kind": "memory", "level": "DRAM read", "value": 3e10,
+            "p10": 3e10, "p90": 3e10, "source": "test", "suspect": False}
+    with_read = {**ROOFS, "memory": ROOFS["memory"] + [read]}
+    assert mp.memory_level(with_read, caps, 1 << 40)["level"] == "DRAM read"
+    assert mp.memory_level(with_read, caps, 1000)["level"] == "L2"
     with pytest.raises(ValueError, match="roofs.memory"):
         mp.memory_level({"memory": [], "compute": []}, caps, 1)
 
@@ -133,7 +138,10 @@ def test_summary_table_lists_every_roofline_point(result):
     peaks = {**PEAKS, "environment": {"date_utc": "2026-11-30", "jax_version": "x"}}
     table = suite.summary_markdown(peaks, res)
     rows = [p for p in res["points"] if p["sweep"] == "roofline"]
-    assert table.count("\n| gqa") + table.count("\n| gqa moe") >= len(rows)
+    lines = [line for line in table.splitlines() if line.startswith(("| gqa |", "| gqa moe |"))]
+    assert len(lines) == len(rows)
+    for p in rows:
+        assert any(line.startswith(f"| {p['variant']} | {p['phase']} |") for line in lines)
 
 
 def test_crossover_interpolates_in_log_log():

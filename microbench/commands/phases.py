@@ -2,16 +2,33 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import time
 from pathlib import Path
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(","))
+
+
+def jnp_itemsize(dtype: str) -> int:
+    import numpy as np
+
+    return 2 if dtype in ("bfloat16", "float16") else np.dtype(dtype).itemsize
 
 
 def add_args(p) -> None:
     p.add_argument("--quick", action="store_true", help="fewer points (~20 s after the peaks)")
     p.add_argument("--out", default="results/microbench", help="output folder")
-    p.add_argument("--peaks", help="a saved peaks.json to predict with (default: measure the "
-                   "roofs first, quick, in this run)")
+    p.add_argument("--peaks", help="a saved peaks.json to predict with (default: OUT/peaks.json "
+                   "if present, else the roofs are measured first, quick, in this run)")
+    p.add_argument("--model", help="preset of the sweeps (default: bench)")
+    p.add_argument("--variants", help="comma-separated variants (see microbench.sweeps.VARIANTS)")
+    p.add_argument("--batches", type=_ints, help="batch sweep, e.g. 1,2,4,8")
+    p.add_argument("--contexts", type=_ints, help="context sweep, e.g. 256,1024,4096")
+    p.add_argument("--prefill-len", type=int, help="prompt length of the prefill points")
     p.add_argument("--report", action="store_true",
                    help="only the speed report: medium-model decode vs DRAM bandwidth, prefill "
                         "vs GEMM roof, and the PyTorch peer")
@@ -19,22 +36,69 @@ def add_args(p) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def _peaks(args) -> dict:
-    from microbench.schema import validate_result
+def _peaks(args, parser_error) -> dict:
+    from microbench.schema import KIND_PEAKS, validate_result
 
+    path = Path(args.peaks) if args.peaks else Path(args.out) / "peaks.json"
+    if path.exists():
+        result = validate_result(json.loads(path.read_text()))
+        if result["kind"] != KIND_PEAKS:
+            parser_error(f"--peaks {path}: kind {result['kind']!r}, expected {KIND_PEAKS!r}")
+        return result
     if args.peaks:
-        return validate_result(json.loads(Path(args.peaks).read_text()))
+        parser_error(f"--peaks {path}: no such file")
     from microbench.peaks import measure_peaks
 
     return measure_peaks(True, args.out, progress=not args.no_progress)
 
 
+def plan_from_args(args, parser_error):
+    """The sweep plan: quick or default, with any field the options override."""
+    import refmodel
+    from microbench import sweeps
+
+    plan = sweeps.QUICK if args.quick else sweeps.PhasePlan()
+    changes = {}
+    if args.model:
+        names = sorted(refmodel.presets.PRESETS)
+        if args.model not in names:
+            parser_error(f"--model {args.model!r}: choose one of {names}")
+        cfg = refmodel.presets.get(args.model)
+        need = refmodel.costs.param_counts(cfg)["total"] * jnp_itemsize(cfg.dtype)
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if need > have / 2:
+            parser_error(f"--model {args.model!r}: {need / 1e9:.0f} GB of weights does not fit "
+                         f"half of this machine's {have / 1e9:.0f} GB; real presets are counted, "
+                         "not run: `python -m refmodel costs --preset NAME`")
+        changes["model"] = args.model
+    if args.variants:
+        variants = tuple(v.strip() for v in args.variants.split(","))
+        bad = [v for v in variants if v not in sweeps.VARIANTS]
+        if bad:
+            parser_error(f"--variants {bad}: choose from {list(sweeps.VARIANTS)}")
+        changes["variants"] = variants
+        changes["context_variants"] = tuple(v for v in variants if v != "gqa moe")
+    for field in ("batches", "contexts", "prefill_len"):
+        value = getattr(args, field)
+        if value is not None:
+            if min(value if isinstance(value, tuple) else (value,)) <= 0:
+                parser_error(f"--{field.replace('_', '-')} {value}: must be positive")
+            changes[field] = value
+    return dataclasses.replace(plan, **changes)
+
+
 def run(args) -> int:
-    from microbench import harness, suite, sweeps
+    import argparse
+
+    from microbench import harness, suite
     from microbench.report import format_report, measure_report
 
+    def parser_error(message):
+        raise SystemExit(argparse.ArgumentParser(prog="python -m microbench phases").error(message))
+
     t0 = time.perf_counter()
-    peaks = _peaks(args)
+    plan = plan_from_args(args, parser_error)
+    peaks = _peaks(args, parser_error)
     if args.report:
         rep = measure_report(peaks, peer=not args.no_peer)
         rep["environment"] = harness.environment()
@@ -42,7 +106,6 @@ def run(args) -> int:
         print(format_report(rep))
         print(f"wrote {args.out}/report.json in {time.perf_counter() - t0:.0f} s")
         return 0
-    plan = sweeps.QUICK if args.quick else sweeps.PhasePlan()
     result = suite.measure_phases(plan, peaks, args.quick, args.out,
                                   progress=not args.no_progress)
     print(suite.summary_markdown(peaks, result))
