@@ -4,7 +4,7 @@ Each command lives in a module that defines `add_args(parser)` and `run(args) ->
 table COMMANDS maps a name to (help, module path), and modules are imported only when the
 parser is built, so a command's heavy imports (jax) stay inside its `run`. To add a command,
 append a line to COMMANDS (e.g. `Command("phases", "time the model's phases",
-"microbench.phases_cli")`), or call `register(...)` before `main()`.
+"microbench.commands.phases")`), or call `register(...)` before `main()`.
 """
 
 from __future__ import annotations
@@ -56,5 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args._run(args) or 0)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except (ValueError, KeyError, FileNotFoundError) as err:  # bad input: a message, no trace
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        parser.exit(2, f"{parser.prog} {args.command}: error: {message}\n")

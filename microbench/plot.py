@@ -25,7 +25,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from microbench.schema import KIND_PHASES, validate_result  # noqa: E402
+from microbench.schema import KIND_PEAKS, KIND_PHASES, validate_result  # noqa: E402
 
 # ------------------------------------------------------------------ shared style helpers
 
@@ -211,6 +211,9 @@ def _draw_one(ax, result: dict, i: int, color_of, prefix: str):
 @styled
 def roofline_figure(results: Sequence[dict], title: str | None = None) -> Figure:
     """Log-log roofline of one or more result objects (several machines on one chart)."""
+    results = [r for r in results if r.get("kind", KIND_PEAKS) == KIND_PEAKS]
+    if not results:
+        raise ValueError("no peaks result among the files (kind 'microbench.peaks')")
     fig, ax = new_figure()
     color_of = _colors(len(results))
     for i, result in enumerate(results):
@@ -255,7 +258,7 @@ def _variant_colors(points: Sequence[dict]) -> dict:
     return {v: PALETTE[i % len(PALETTE)] for i, v in enumerate(names)}
 
 
-def _machine_roofs(ax, result: dict):
+def _machine_roofs(ax, result: dict, color: str = "0.4", prefix: str = ""):
     """The measured roofs the predictions used: every memory level and the matrix roof of
     the model's dtype."""
     roofs, dtype = result["peaks"]["roofs"], result["model"]["dtype"]
@@ -264,21 +267,15 @@ def _machine_roofs(ax, result: dict):
     memory = [r for r in roofs["memory"] if not r["suspect"]]
     bw_max, flops_max = _roof_ends(memory, compute)
     for roof in memory:
-        _draw_memory(ax, roof, flops_max, "0.55", "", dashed=False)
+        _draw_memory(ax, roof, flops_max, color, prefix, dashed=False)
     for roof in compute:
-        _draw_compute(ax, roof, bw_max, "0.25", "", dashed=False)
+        _draw_compute(ax, roof, bw_max, color, prefix, dashed=False)
 
 
-@styled
-def phases_roofline_figure(results: Sequence[dict], title: str | None = None) -> Figure:
-    """Measured phase points (filled) and their predictions (hollow) on this machine's roofs."""
-    result = _phases_of(results)[0]
-    points = [p for p in result["points"] if p["sweep"] == "roofline"]
-    fig, ax = new_figure(12, 8.5)
-    _machine_roofs(ax, result)
-    colors = _variant_colors(points)
+def _draw_phase_points(ax, points: Sequence[dict], colors: dict, key: str) -> None:
+    """Measured points (filled, p10-p90 bars) and their predictions (hollow), joined."""
     for p in points:
-        c, m = colors[p["variant"]], PHASE_MARKERS[p["phase"]]
+        c, m = colors[p[key]], PHASE_MARKERS[p["phase"]]
         y, (lo, hi) = p["flops_per_s"]["median"], (p["flops_per_s"]["p10"],
                                                     p["flops_per_s"]["p90"])
         ax.errorbar([p["intensity"]], [y], yerr=[[y - lo], [hi - y]], fmt=m, color=c, ms=9,
@@ -288,8 +285,31 @@ def phases_roofline_figure(results: Sequence[dict], title: str | None = None) ->
             ax.scatter([p["intensity"]], [pred["flops_per_s"]], marker=m, s=80,
                        facecolors="none", edgecolors=c, zorder=4)
             ax.plot([p["intensity"]] * 2, [y, pred["flops_per_s"]], color=c, lw=0.8, alpha=0.6)
-    for v, c in colors.items():
-        ax.plot([], [], "s", color=c, label=f"variant: {v}")
+
+
+@styled
+def phases_roofline_figure(results: Sequence[dict], title: str | None = None) -> Figure:
+    """Measured phase points (filled) and their predictions (hollow) on the measured roofs.
+
+    One machine: colours are variants. Several machines (e.g. this CPU and a GPU): colours
+    are machines, each with its own roofs."""
+    runs = _phases_of(results)
+    fig, ax = new_figure(12, 8.5)
+    legend = {}
+    for i, result in enumerate(runs):
+        points = [{**p, "machine": result["machine"]} for p in result["points"]
+                  if p["sweep"] == "roofline"]
+        if len(runs) == 1:
+            _machine_roofs(ax, result)
+            colors, key = _variant_colors(points), "variant"
+        else:
+            colors, key = {result["machine"]: PALETTE[i % len(PALETTE)]}, "machine"
+            _machine_roofs(ax, result, colors[result["machine"]], f"[{result['machine']}] ")
+        _draw_phase_points(ax, points, colors, key)
+        legend.update(colors)
+    for name, c in legend.items():
+        ax.plot([], [], "s", color=c, label=f"{'variant' if len(runs) == 1 else 'machine'}: "
+                f"{name}")
     for ph, m in PHASE_MARKERS.items():
         ax.plot([], [], m, color="0.3", mfc="0.6", label=f"phase: {ph}")
     ax.scatter([], [], marker="o", facecolors="none", edgecolors="0.3",
@@ -298,9 +318,10 @@ def phases_roofline_figure(results: Sequence[dict], title: str | None = None) ->
     ax.set_yscale("log")
     ax.set_xlabel("Arithmetic intensity (counted FLOP / counted byte)")
     ax.set_ylabel("Achieved performance (FLOP / s)")
-    model = result["model"]
+    model, points = runs[0]["model"], [p for p in runs[0]["points"] if p["sweep"] == "roofline"]
+    machines = ", ".join(r["machine"] for r in runs)
     fig.suptitle(title or f"Phases of the '{model['preset']}' model ({fmt_si(model['params'], '')}"
-                 f"parameters, {model['dtype']}) on {result['machine']}", fontsize=14)
+                 f"parameters, {model['dtype']}) on {machines}", fontsize=14)
     prefill = next((p["context"] for p in points if p["phase"] == "prefill"), "?")
     decode = next((p["context"] for p in points if p["phase"] != "prefill"), "?")
     ax.set_title("Prefill sits right (compute-bound); decode sits left (bandwidth-bound). "
@@ -360,16 +381,19 @@ def throughput_figure(results: Sequence[dict], title: str | None = None) -> Figu
     result = _phases_of(results)[0]
     fig = Figure(figsize=(13, 5.8), layout="constrained")
     ax1, ax2 = fig.subplots(1, 2)
-    steps = [p for p in result["points"] if p["sweep"] == "batch" and p["phase"] == "decode"]
-    for j, v in enumerate(dict.fromkeys(p["variant"] for p in steps)):
-        ps = sorted((p for p in steps if p["variant"] == v), key=lambda p: p["batch"])
+    runs = _phases_of(results)
+    steps = [{**p, "series": f"{p['variant']}" + (f" [{r['machine']}]" if len(runs) > 1 else "")}
+             for r in runs for p in r["points"] if p["sweep"] == "batch" and p["phase"] == "decode"]
+    for j, v in enumerate(dict.fromkeys(p["series"] for p in steps)):
+        ps = sorted((p for p in steps if p["series"] == v), key=lambda p: p["batch"])
         user = [1 / p["timing"]["median"] for p in ps]
         system = [p["batch"] / p["timing"]["median"] for p in ps]
         ax1.plot(user, system, "o-", color=PALETTE[j], label=v)
         for p, x, y in zip(ps, user, system, strict=True):
             ax1.annotate(f"B={p['batch']}", (x, y), fontsize=8, xytext=(3, 3),
                          textcoords="offset points")
-    ax1.set_title(f"Measured: '{result['model']['preset']}' on {result['machine']}", fontsize=11)
+    ax1.set_title(f"Measured: '{result['model']['preset']}' on "
+                  f"{', '.join(r['machine'] for r in runs)}", fontsize=11)
     rows = result["modelled"]["throughput"]
     for j, dev in enumerate(dict.fromkeys(r["device"] for r in rows)):
         rs = [r for r in rows if r["device"] == dev]

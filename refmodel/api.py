@@ -47,6 +47,10 @@ def _check_room(cache: Cache, new: int) -> None:
 def forward(model: Transformer, tokens) -> jax.Array:
     """int32 [B, T] -> float32 logits [B, T, V], causal, without a cache."""
     tokens = _tokens(tokens, 2, "tokens")
+    cfg = model.cfg
+    if cfg.position == "learned" and tokens.shape[1] > cfg.max_position:
+        raise ValueError(f"tokens of length {tokens.shape[1]} pass max_position="
+                         f"{cfg.max_position} of the learned position embedding")
     graphdef, state = nnx.split(model)
     return phases.jitted("forward", graphdef)(state, tokens)
 

@@ -150,12 +150,20 @@ class ModelConfig:
                 f"rope_fraction={self.rope_fraction} x head_dim={self.head_size} gives an odd "
                 f"rotary dim {self.rotary_dim}; it must be even"
             )
-        kinds = set(self.layer_kinds)
+        self._check_variants(set(self.layer_kinds))
+
+    def _check_variants(self, kinds: set[str]) -> None:
+        """The fields each attention variant in use depends on."""
         if "mla" in kinds:
             for f in ("kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "v_head_dim"):
                 _positive(f, getattr(self, f))
             if self.qk_rope_dim % 2:
                 raise ValueError(f"qk_rope_dim={self.qk_rope_dim} must be even (RoPE pairs)")
+            for f in ("attn_bias", "qk_norm", "attn_out_gate", "attn_sinks", "attn_softcap",
+                      "query_scale"):
+                if getattr(self, f) not in (False, None):
+                    raise ValueError(f"{f}={getattr(self, f)!r} is not implemented for "
+                                     "attention='mla'; leave it unset (False / None)")
         if "sliding" in kinds:
             _positive("window", self.window)
         if "sparse" in kinds:

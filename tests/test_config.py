@@ -26,6 +26,13 @@ BAD = [
     (dict(first_dense_layers=5), "first_dense_layers=5"),
     (dict(rope_fraction=1.5), "rope_fraction=1.5"),
     (dict(router_score="relu", ffn="moe"), "router_score='relu'"),
+    (dict(attention="sliding", window=0), "window=0"),
+    (dict(attention="sparse", sparse_top_k=0), "sparse_top_k=0"),
+    (dict(attention="linear", linear_k_heads=3, linear_v_heads=4), "linear_v_heads=4"),
+    (dict(attention="mla", qk_rope_dim=7), "qk_rope_dim=7"),
+    (dict(attention="mla", kv_lora_rank=0), "kv_lora_rank=0"),
+    (dict(linear_rule="rwkv", attention="linear"), "linear_rule='rwkv'"),
+    (dict(attention="mla", attn_sinks=True), "attn_sinks=True is not implemented"),
 ]
 
 
@@ -80,3 +87,8 @@ def test_bad_api_inputs():
         refmodel.generate(model, [[1, 2]], -1)
     with pytest.raises(TypeError, match="ModelConfig"):
         refmodel.init({"d_model": 8})
+    gpt2_like = refmodel.init(tiny(attention="mha", position="learned", max_position=8))
+    with pytest.raises(ValueError, match="max_position=8"):
+        refmodel.forward(gpt2_like, [[1] * 9])
+    with pytest.raises(ValueError, match="max_position=8"):
+        refmodel.init_cache(gpt2_like.cfg, 1, 9)

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 
 def add_args(p) -> None:
-    p.add_argument("results", nargs="+", help="peaks.json files")
+    p.add_argument("results", nargs="+",
+                   help="peaks.json and/or phases.json files (several machines at once)")
     p.add_argument("--out", default="figures", help="output folder")
-    p.add_argument("--figure", default="roofline", help="figure name (plot.FIGURES)")
+    from microbench.plot import FIGURES
+
+    p.add_argument("--figure", default="roofline", choices=sorted(FIGURES),
+                   help="which figure (roofline: peaks files; the others: phases files)")
 
 
 def run(args) -> int:
