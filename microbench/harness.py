@@ -250,6 +250,7 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    readable(tmp)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
@@ -260,6 +261,13 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def readable(path: str | Path) -> None:
+    """Give a temporary file the permissions a plain open() would (mkstemp makes it 0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def write_json_atomic(path: str | Path, obj) -> Path:

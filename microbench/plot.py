@@ -25,6 +25,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from microbench.harness import readable  # noqa: E402
 from microbench.schema import KIND_PEAKS, KIND_PHASES, validate_result  # noqa: E402
 
 # ------------------------------------------------------------------ shared style helpers
@@ -66,6 +67,7 @@ def save(fig: Figure, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
     os.close(fd)
+    readable(tmp)
     try:
         with plt.rc_context(RC):
             fig.savefig(tmp)
@@ -349,7 +351,8 @@ def batch_figure(results: Sequence[dict], title: str | None = None) -> Figure:
         if len(pred) == len(ps):
             ax2.plot(b, pred, "--", color=PALETTE[j], label=f"{v}: roofline prediction")
     if ridge:
-        ax1.axhline(ridge, color="0.3", ls=":", label=f"ridge point {ridge:.0f} FLOP/B")
+        ax1.axhline(ridge, color="0.3", ls=":", label=f"ridge point {ridge:.1f} FLOP/B "
+                    "(GEMM roof / main-memory read roof)")
     for ax in (ax1, ax2):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -366,13 +369,19 @@ def batch_figure(results: Sequence[dict], title: str | None = None) -> Figure:
 
 
 def _ridge(result: dict) -> float | None:
+    """Ridge point of the roofs the predictions use: the model dtype's best compute roof over
+    main memory's roof for a large working set (microbench.phases.memory_level)."""
+    from microbench.phases import memory_level
+
     roofs = result["peaks"]["roofs"]
     comp = [r["value"] for r in roofs["compute"] if not r["suspect"] and r.get("dtype") ==
             result["model"]["dtype"]]
-    mem = [r for r in roofs["memory"] if not r["suspect"]]
-    main = [r["value"] for r in mem if r["level"] in ("DRAM", "HBM")] or \
-        [min(r["value"] for r in mem)] if mem else []
-    return max(comp) / main[0] if comp and main else None
+    caps = result["peaks"].get("cache_capacities") or []
+    try:
+        main = memory_level(roofs, caps, float("inf"))["value"]
+    except ValueError:
+        return None
+    return max(comp) / main if comp else None
 
 
 @styled

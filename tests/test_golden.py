@@ -62,6 +62,9 @@ PATTERNS = {
 @pytest.mark.parametrize("ffn", ["dense", "moe"])
 @pytest.mark.parametrize("name", PATTERNS)
 def test_hybrid_layer_patterns(name, ffn):
+    if name == "every kind" and ffn == "moe":
+        pytest.skip("every kind x MoE is covered kind by kind above; one 9-layer MoE compile "
+                    "would cost 30 s of the suite")
     pattern = PATTERNS[name]
     cfg = tiny(layer_pattern=pattern, n_layers=len(pattern), ffn=ffn,
                ffn_pattern=("moe" if ffn == "moe" else "dense", "none") if "none" in pattern
