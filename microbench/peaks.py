@@ -189,6 +189,9 @@ def _roof(name, kind, key, value_entry, rate, source, spec) -> dict:
     return guard.flag_roof(roof, spec)
 
 
+SWEEP_AGREEMENT = 1.2  # the sweep's main-memory plateau may exceed STREAM by this factor
+
+
 def derive_roofs(result: dict, spec) -> dict:
     """Best unflagged value per dtype (GEMM, vector) and per memory level (plateaus, STREAM)."""
     compute_roofs = []
@@ -210,18 +213,29 @@ def derive_roofs(result: dict, spec) -> dict:
     stream = _best(result["bandwidth"], "bytes_per_s")
     main = main_memory_name(result["environment"])
     sweep_main = next((r for r in memory_roofs if r["level"] == main), None)
-    if stream and (sweep_main is None or stream["bytes_per_s"]["median"] > sweep_main["value"]):
+    if stream:
+        # Main memory's roof is the best STREAM kernel on arrays >= 4x the last-level cache.
+        # The sweep's last plateau is kept only if it agrees: on this project's VM it read
+        # 55-83 GB/s at >= 273 MiB, above every peer program (a 2-thread C in-place scale:
+        # 47-65 GB/s), so there it is flagged as a measurement to explain, not a roof.
         memory_roofs = [r for r in memory_roofs if r["level"] != main]
         kind = "donated" if stream["donated"] else "fresh output"
         memory_roofs.append(_roof(main, "memory", main, stream, "bytes_per_s",
                                   f"STREAM {stream['name']} ({kind}), algorithmic bytes", spec))
+        if sweep_main and sweep_main["value"] > SWEEP_AGREEMENT * memory_roofs[-1]["value"]:
+            memory_roofs.append({**sweep_main, "name": f"{main} sweep plateau",
+                                 "level": f"{main} sweep", "suspect": True,
+                                 "reason": f"sweep plateau {sweep_main['value'] / 1e9:.1f} GB/s "
+                                           f"exceeds the best STREAM kernel by more than "
+                                           f"{SWEEP_AGREEMENT - 1:.0%}: not a roof"})
     # Inference streams weights and caches: a read-only roof is the one its phases can reach
     # (on this VM reads alone peak well below reads + writes together).
     read = _best([e for e in result["bandwidth"] if e["name"] == "read"], "bytes_per_s")
     if read:
         memory_roofs.append(_roof(f"{main} read-only", "memory", f"{main} read", read,
                                   "bytes_per_s", "STREAM read (a sum), algorithmic bytes", spec))
-    return {"compute": compute_roofs, "memory": [guard.flag_roof(r, spec) for r in memory_roofs]}
+    return {"compute": compute_roofs,
+            "memory": [r if r.get("suspect") else guard.flag_roof(r, spec) for r in memory_roofs]}
 
 
 def machine_label(env: dict) -> str:
@@ -293,3 +307,33 @@ def measure_peaks(quick: bool, out_dir, progress: bool = True, compare: bool = F
 
     plot.save(plot.roofline_figure([result]), out / "roofline.png")
     return result
+
+
+def quick_roofs(n_gemm: int = 512, array_bytes: int | None = None, budget_s: float = 0.1,
+                min_samples: int = 3) -> dict:
+    """A peaks-like {machine, roofs, sweep} in a second or two, for notebooks: one float32
+    GEMM (the matrix roof), and a read and an in-place scale over an array larger than the
+    last-level cache (main memory's read-only and read+write roofs). Guard rails applied."""
+    env = harness.environment()
+    spec = hardware.device_for_environment(env)
+    main = main_memory_name(env)
+    if array_bytes is None:
+        llc = max((size for _, size in memory_levels(env, spec)), default=32 << 20)
+        array_bytes = max(2 * llc, 32 << 20)
+    plan = make_plan(True, array_bytes)
+    plan = Plan(**{**vars(plan), "budget_s": budget_s, "min_samples": min_samples})
+    fn, label = compute.gemm_fn("float32")
+    t = _time(plan, fn, *compute.gemm_inputs(n_gemm, n_gemm, n_gemm, "float32"))
+    gemm = entry("gemm", t, compute.gemm_flops(n_gemm, n_gemm, n_gemm), 0.0)
+    roofs = {"compute": [_roof("GEMM float32", "compute", "float32", gemm, "flops_per_s",
+                               f"GEMM {n_gemm}^3 ({label})", spec)], "memory": []}
+    n = array_bytes // 4
+    for kern, level, donate in (("read", f"{main} read", ()), ("scale", main, (0,))):
+        k = bandwidth.KERNELS[kern]
+        t = _time(plan, k.fn, *bandwidth.kernel_args(k, n), donate=donate)
+        nbytes = bandwidth.kernel_bytes(k, n, 4, bool(donate))["algorithmic"]
+        name = f"{main} read-only" if kern == "read" else main
+        roofs["memory"].append(_roof(name, "memory", level, entry(kern, t, 0.0, nbytes),
+                                     "bytes_per_s", f"{kern}, {array_bytes >> 20} MiB", spec))
+    return {"machine": machine_label(env), "roofs": roofs, "environment": env,
+            "sweep": {"cache_capacities": []}}

@@ -29,8 +29,9 @@ from refmodel.phases import donation
 
 
 @dataclasses.dataclass(frozen=True)
-class Timing:
-    """How long to spend on each point (passed through to harness.time_fn)."""
+class Budget:
+    """How long to spend on each point (passed through to harness.time_fn, whose result
+    is a harness.Timing)."""
 
     budget_s: float = 1.0
     min_samples: int = 5
@@ -86,7 +87,7 @@ def predict(flops: float, nbytes: float, compute: dict, memory: dict) -> dict:
 
 
 def measure_point(phases: refmodel.Phases, phase: str, batch: int, context: int,
-                  peaks: dict | None, timing: Timing = Timing(), label: str | None = None
+                  peaks: dict | None, timing: Budget = Budget(), label: str | None = None
                   ) -> dict:
     """Time one phase at (batch, context) and put it beside its counted and predicted cost."""
     cfg = phases.cfg

@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 import refmodel
-from microbench.phases import Timing, compute_roof, measure_point
+from microbench.phases import Budget, compute_roof, measure_point
 from refmodel import costs
 
 MODEL = "medium"
@@ -39,10 +39,10 @@ def main_memory_roofs(peaks: dict) -> tuple[dict, dict]:
     return read or best, best
 
 
-REPORT_TIMING = Timing(budget_s=3.0)
+REPORT_TIMING = Budget(budget_s=3.0)
 
 
-def measure_report(peaks: dict, timing: Timing = REPORT_TIMING, peer: bool = True) -> dict:
+def measure_report(peaks: dict, timing: Budget = REPORT_TIMING, peer: bool = True) -> dict:
     """Decode and prefill of the medium model against this machine's roofs (and a peer)."""
     cfg = refmodel.presets.get(MODEL)
     phases = refmodel.Phases(refmodel.init(cfg, seed=0))

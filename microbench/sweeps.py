@@ -21,7 +21,7 @@ from collections.abc import Iterable
 
 import refmodel
 from microbench import hardware
-from microbench.phases import Timing, measure_point
+from microbench.phases import Budget, measure_point
 from refmodel import costs
 
 VARIANTS: dict[str, dict] = {
@@ -48,13 +48,13 @@ class PhasePlan:
     context_variants: tuple[str, ...] = ("mha", "gqa", "mla absorbed", "sliding", "sparse",
                                          "linear")
     context_batch: int = 8
-    timing: Timing = Timing()
+    timing: Budget = Budget()
 
 
 QUICK = PhasePlan(variants=("gqa", "mla absorbed", "sliding", "linear", "gqa moe"),
                   prefill_len=128, context=512, batches=(1, 4, 16), contexts=(256, 2048),
                   context_variants=("gqa", "sliding"), context_batch=8,
-                  timing=Timing(budget_s=0.3, min_samples=3))
+                  timing=Budget(budget_s=0.3, min_samples=3))
 
 
 def config(plan: PhasePlan, variant: str) -> refmodel.ModelConfig:

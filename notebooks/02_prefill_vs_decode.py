@@ -43,8 +43,8 @@ from IPython.display import display
 from matplotlib.figure import Figure
 
 import refmodel
-from microbench import bandwidth, compute, guard, hardware, harness, peaks, plot, sweeps
-from microbench.phases import Timing, measure_point
+from microbench import hardware, harness, peaks, plot, sweeps
+from microbench.phases import Budget, measure_point
 from microbench.schema import KIND_PHASES
 from refmodel import costs
 
@@ -53,7 +53,7 @@ QUICK = os.environ.get("LAB_FULL", "0") != "1"  # parameter: LAB_FULL=1 for publ
 PRESET = "tiny" if QUICK else "bench"
 PROMPT = 64 if QUICK else 256  # T: prompt tokens; decode then runs at context T
 PROMPTS = (16, 64) if QUICK else (64, 128, 256, 512)  # TTFT vs prompt length
-TIMING = Timing(budget_s=0.1, min_samples=3, min_sample_s=1e-3) if QUICK else Timing()
+TIMING = Budget(budget_s=0.1, min_samples=3, min_sample_s=1e-3) if QUICK else Budget()
 jax.config.update("jax_default_matmul_precision", "highest")
 ENV = harness.environment()
 SPEC = hardware.device_for_environment(ENV)
@@ -124,36 +124,15 @@ print(f"decode I = {dec['intensity']:.2f} < lowest spec ridge "
 # %% [markdown]
 # ## Step 3 · Measure both phases on this machine
 #
-# First this machine's roofs, quickly: a float32 GEMM (the matrix roof) and an in-place scale
-# on arrays larger than the last-level cache (the DRAM roof), both timed with
-# `harness.time_fn`. Then `measure_point` times each compiled phase and places it beside its
+# First this machine's roofs, quickly (`microbench.peaks.quick_roofs`): a float32 GEMM (the
+# matrix roof), and a read and an in-place scale of an array larger than the last-level cache
+# (main memory's read-only and read+write roofs), all timed with `harness.time_fn`. Then `measure_point` times each compiled phase and places it beside its
 # counted cost and its roofline prediction
 # $t = \max(\text{FLOPs}/P,\ \text{bytes}/\beta)$.
 
 # %%
-def quick_roofs(n_gemm: int, array_bytes: int) -> dict:
-    """A peaks-like {roofs, sweep} from one GEMM and one in-place scale (microbench kernels)."""
-    fn, label = compute.gemm_fn("float32")
-    a, b = compute.gemm_inputs(n_gemm, n_gemm, n_gemm, "float32")
-    t = harness.time_fn(fn, a, b, budget_s=TIMING.budget_s, min_samples=TIMING.min_samples)
-    g = harness.rates(compute.gemm_flops(n_gemm, n_gemm, n_gemm), t)
-    scale, n = bandwidth.KERNELS["scale"], array_bytes // 4
-    args = bandwidth.kernel_args(scale, n)
-    t = harness.time_fn(scale.fn, *args, donate_argnums=(0,), budget_s=TIMING.budget_s,
-                        min_samples=TIMING.min_samples)
-    m = harness.rates(bandwidth.kernel_bytes(scale, n, 4, donated=True)["algorithmic"], t)
-    roofs = {"compute": [{"name": "GEMM float32", "kind": "compute", "dtype": "float32",
-                          "source": f"GEMM {n_gemm}^3 ({label})", **g}],
-             "memory": [{"name": "DRAM", "kind": "memory", "level": "DRAM",
-                         "source": f"in-place scale, {array_bytes >> 20} MiB", **m}]}
-    for r in roofs["compute"] + roofs["memory"]:
-        r["value"] = r["median"]
-        guard.flag_roof(r, SPEC)
-    return {"machine": MACHINE, "roofs": roofs, "sweep": {"cache_capacities": []}}
-
-
-llc = max((size for _, size in peaks.memory_levels(ENV, SPEC)), default=32 << 20)
-PEAKS = quick_roofs(512 if QUICK else 2048, max(2 * llc, 32 << 20))
+PEAKS = peaks.quick_roofs(512 if QUICK else 2048, budget_s=TIMING.budget_s,
+                         min_samples=TIMING.min_samples)
 for r in PEAKS["roofs"]["compute"] + PEAKS["roofs"]["memory"]:
     print(f"{r['name']}: {plot.fmt_si(r['value'], 'FLOP/s' if r['kind'] == 'compute' else 'B/s')}"
           + (f"  SUSPECT: {r['reason']}" if r.get("suspect") else ""))

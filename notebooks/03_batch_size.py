@@ -36,8 +36,8 @@ from IPython.display import display
 from matplotlib.figure import Figure
 
 import refmodel
-from microbench import bandwidth, compute, guard, hardware, harness, peaks, plot, sweeps
-from microbench.phases import Timing, measure_point
+from microbench import hardware, harness, peaks, plot, sweeps
+from microbench.phases import Budget, measure_point
 from microbench.schema import KIND_PHASES
 from refmodel import costs
 
@@ -46,7 +46,7 @@ QUICK = os.environ.get("LAB_FULL", "0") != "1"  # parameter: LAB_FULL=1 for publ
 PRESET = "small" if QUICK else "bench"
 CONTEXT = 64 if QUICK else 1024
 BATCHES = (1, 4, 16) if QUICK else (1, 2, 4, 8, 16, 32, 64)
-TIMING = Timing(budget_s=0.1, min_samples=3, min_sample_s=1e-3) if QUICK else Timing()
+TIMING = Budget(budget_s=0.1, min_samples=3, min_sample_s=1e-3) if QUICK else Budget()
 jax.config.update("jax_default_matmul_precision", "highest")
 ENV = harness.environment()
 SPEC = hardware.device_for_environment(ENV)
@@ -83,29 +83,8 @@ print({name: round(row[16] / row[1], 2) for name, row in counted.items()})
 # cache, as in notebook 02), then `measure_point` at each batch.
 
 # %%
-def quick_roofs(n_gemm: int, array_bytes: int) -> dict:
-    """A peaks-like {roofs, sweep} from one GEMM and one in-place scale (microbench kernels)."""
-    fn, label = compute.gemm_fn("float32")
-    a, b = compute.gemm_inputs(n_gemm, n_gemm, n_gemm, "float32")
-    t = harness.time_fn(fn, a, b, budget_s=TIMING.budget_s, min_samples=TIMING.min_samples)
-    g = harness.rates(compute.gemm_flops(n_gemm, n_gemm, n_gemm), t)
-    scale, n = bandwidth.KERNELS["scale"], array_bytes // 4
-    args = bandwidth.kernel_args(scale, n)
-    t = harness.time_fn(scale.fn, *args, donate_argnums=(0,), budget_s=TIMING.budget_s,
-                        min_samples=TIMING.min_samples)
-    m = harness.rates(bandwidth.kernel_bytes(scale, n, 4, donated=True)["algorithmic"], t)
-    roofs = {"compute": [{"name": "GEMM float32", "kind": "compute", "dtype": "float32",
-                          "source": f"GEMM {n_gemm}^3 ({label})", **g}],
-             "memory": [{"name": "DRAM", "kind": "memory", "level": "DRAM",
-                         "source": f"in-place scale, {array_bytes >> 20} MiB", **m}]}
-    for r in roofs["compute"] + roofs["memory"]:
-        r["value"] = r["median"]
-        guard.flag_roof(r, SPEC)
-    return {"machine": MACHINE, "roofs": roofs, "sweep": {"cache_capacities": []}}
-
-
-llc = max((size for _, size in peaks.memory_levels(ENV, SPEC)), default=32 << 20)
-PEAKS = quick_roofs(512 if QUICK else 2048, max(2 * llc, 32 << 20))
+PEAKS = peaks.quick_roofs(512 if QUICK else 2048, budget_s=TIMING.budget_s,
+                         min_samples=TIMING.min_samples)
 phases = refmodel.Phases(refmodel.init(cfg, seed=0))
 points = []
 for B in BATCHES:

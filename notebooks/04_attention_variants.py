@@ -45,7 +45,7 @@ from matplotlib.figure import Figure
 
 import refmodel
 from microbench import hardware, harness, peaks, plot, sweeps
-from microbench.phases import Timing, measure_point
+from microbench.phases import Budget, measure_point
 from refmodel import costs
 
 # %%
@@ -55,7 +55,7 @@ MEASURED = ("gqa",) if QUICK else \
     tuple(v for v in sweeps.VARIANTS if v != "gqa moe")
 CONTEXTS = (16, 128) if QUICK else (256, 1024, 4096)
 BATCH = 4 if QUICK else 8
-TIMING = Timing(budget_s=0.1, min_samples=3, min_sample_s=1e-3) if QUICK else Timing()
+TIMING = Budget(budget_s=0.1, min_samples=3, min_sample_s=1e-3) if QUICK else Budget()
 jax.config.update("jax_default_matmul_precision", "highest")
 MACHINE = peaks.machine_label(harness.environment())
 base = refmodel.presets.get(PRESET)

@@ -42,7 +42,7 @@ from matplotlib.figure import Figure
 
 import refmodel
 from microbench import hardware, harness, peaks, plot, sweeps
-from microbench.phases import Timing, measure_point
+from microbench.phases import Budget, measure_point
 from refmodel import costs
 from refmodel.moe import expected_distinct_experts
 
@@ -51,7 +51,7 @@ QUICK = os.environ.get("LAB_FULL", "0") != "1"  # parameter: LAB_FULL=1 for publ
 PRESET = "tiny" if QUICK else "small"
 ROUTE_B, ROUTE_T = (4, 32) if QUICK else (16, 256)
 BATCHES = (1, 4, 16) if QUICK else (1, 2, 4, 8, 16, 32, 64)
-TIMING = Timing(budget_s=0.1, min_samples=3, min_sample_s=1e-3) if QUICK else Timing()
+TIMING = Budget(budget_s=0.1, min_samples=3, min_sample_s=1e-3) if QUICK else Budget()
 jax.config.update("jax_default_matmul_precision", "highest")
 MACHINE = peaks.machine_label(harness.environment())
 print(MACHINE, "| preset", PRESET, "| quick" if QUICK else "| full")

@@ -38,7 +38,7 @@ from IPython.display import display
 
 import refmodel
 from microbench import compute, hardware, harness, peaks, plot, sweeps
-from microbench.phases import Timing, measure_point
+from microbench.phases import Budget, measure_point
 from microbench.schema import validate_result
 
 # %%
@@ -139,7 +139,7 @@ display(plot.roofline_figure([mine]))
 
 # %%
 PRESET, PROMPT = ("tiny", 64) if QUICK else ("bench", 256)
-TIMING = Timing(budget_s=0.1, min_samples=3, min_sample_s=1e-3) if QUICK else Timing()
+TIMING = Budget(budget_s=0.1, min_samples=3, min_sample_s=1e-3) if QUICK else Budget()
 phases = refmodel.Phases(refmodel.init(refmodel.presets.get(PRESET), seed=0))
 mine_points = [measure_point(phases, ph, 1, PROMPT, mine, TIMING, label="gqa")
                for ph in ("prefill", "decode")]

@@ -24,6 +24,7 @@ summed over layers; `norm`, `residual` are the unscoped norms and residual adds.
 from __future__ import annotations
 
 from refmodel import attention
+from refmodel.attention.gqa import SOFTCAP_FLOPS
 from refmodel.config import ModelConfig
 from refmodel.costing import BYTES, Cost, Dtypes, matmul, total
 from refmodel.layers import DenseFFN, norm_costs, norm_params
@@ -33,7 +34,6 @@ from refmodel.phases import PHASES
 COMPONENTS = ("embedding", "positions", "attention", "norms", "dense_ffn", "router",
               "routed_experts", "shared_experts", "lm_head")
 TOKEN_ID_BYTES = 4  # int32 token ids read by the embedding gather
-SOFTCAP_FLOPS = 2  # c * tanh(x / c): a divide and a multiply (tanh is a transcendental)
 
 
 # Parameters ------------------------------------------------------------------------------------

@@ -51,3 +51,17 @@ def test_ratio_block_picks_the_best_peer():
     mk = lambda name, v: {"name": name, "rate": {"median": v}}
     block = peers._ratio_block(ours, [mk("slow", 50.0), mk("fast", 100.0)], "B/s")
     assert block["best_peer"] == "fast" and block["ratio_ours_over_best_peer"] == 0.9
+
+
+def test_a_sweep_plateau_above_stream_is_flagged_not_a_roof():
+    res = synthetic.result()
+    spec = hardware.device_from_dict(res["spec"])
+    main = next(r for r in res["roofs"]["memory"] if r["level"] == "DRAM")
+    assert not main["suspect"]  # the synthetic sweep agrees with its STREAM kernel
+    plateau = next(q for q in res["sweep"]["plateaus"] if q["name"] == "DRAM")
+    plateau["bytes_per_s"] = 2 * main["value"]
+    roofs = peaks.derive_roofs(res, spec)["memory"]
+    dram = [r for r in roofs if r["level"] == "DRAM"]
+    assert len(dram) == 1 and dram[0]["value"] == main["value"] and not dram[0]["suspect"]
+    flagged = [r for r in roofs if r["level"] == "DRAM sweep"]
+    assert len(flagged) == 1 and flagged[0]["suspect"] and "not a roof" in flagged[0]["reason"]

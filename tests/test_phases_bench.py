@@ -11,7 +11,7 @@ import pytest
 
 import refmodel
 from microbench import phases as mp
-from microbench import plot, suite, sweeps
+from microbench import plot, plot_phases, suite, sweeps
 from microbench.schema import validate_result
 from refmodel import costs
 
@@ -27,7 +27,7 @@ PEAKS = {"machine": "test machine", "roofs": ROOFS, "environment": {"backend": "
 TINY_PLAN = sweeps.PhasePlan(model="tiny", variants=("gqa", "gqa moe"), prefill_len=8,
                              context=8, batches=(1, 4), contexts=(8, 32),
                              context_variants=("gqa",), context_batch=2,
-                             timing=mp.Timing(budget_s=0.01, min_samples=2, min_sample_s=1e-4))
+                             timing=mp.Budget(budget_s=0.01, min_samples=2, min_sample_s=1e-4))
 
 
 def test_prediction_is_the_slower_of_compute_and_memory():
@@ -145,8 +145,8 @@ def test_summary_table_lists_every_roofline_point(result):
 
 
 def test_crossover_interpolates_in_log_log():
-    assert plot.crossover([100, 400], [1.0, 4.0], 2.0) == pytest.approx(200)
-    assert plot.crossover([100, 400], [1.0, 1.5], 2.0) is None
+    assert plot_phases.crossover([100, 400], [1.0, 4.0], 2.0) == pytest.approx(200)
+    assert plot_phases.crossover([100, 400], [1.0, 1.5], 2.0) is None
 
 
 def test_modelled_series_follow_the_cost_model():

@@ -53,10 +53,10 @@ from refmodel.attention.common import NEG_INF, attend, causal_mask, rope
 from refmodel.attention.gqa import ROPE_FLOPS, SOFTMAX_FLOPS
 from refmodel.config import ModelConfig
 from refmodel.costing import Cost, Dtypes, matmul
+from refmodel.layers import NORM_FLOPS as _NORM_FLOPS
 from refmodel.layers import param
 
-# RMSNorm: square, sum, scale by the reciprocal root, multiply by the weight: 4 per element.
-NORM_FLOPS = 4
+NORM_FLOPS = _NORM_FLOPS["rmsnorm"]  # the q and kv latent RMSNorms, per element
 
 
 @struct.dataclass
