@@ -126,9 +126,9 @@ print(f"decode I = {dec['intensity']:.2f} < lowest spec ridge "
 #
 # First this machine's roofs, quickly (`microbench.peaks.quick_roofs`): a float32 GEMM (the
 # matrix roof), and a read and an in-place scale of an array larger than the last-level cache
-# (main memory's read-only and read+write roofs), all timed with `harness.time_fn`. Then `measure_point` times each compiled phase and places it beside its
-# counted cost and its roofline prediction
-# $t = \max(\text{FLOPs}/P,\ \text{bytes}/\beta)$.
+# (main memory's read-only and read+write roofs), all timed with `harness.time_fn`. Then
+# `measure_point` times each compiled phase and places it beside its counted cost and its
+# roofline prediction $t = \max(\text{FLOPs}/P,\ \text{bytes}/\beta)$.
 
 # %%
 PEAKS = peaks.quick_roofs(512 if QUICK else 2048, budget_s=TIMING.budget_s,
