@@ -35,6 +35,8 @@ COMMANDS: list[Command] = [
             "microbench.commands.run"),
     Command("figures", "redraw every figure in figures/ from figures/data",
             "microbench.commands.figures"),
+    Command("breakdown", "where a phase's time goes, per op, beside its counted cost",
+            "microbench.commands.breakdown"),
 ]
 
 

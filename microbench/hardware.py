@@ -220,13 +220,77 @@ def _mem_total_bytes() -> float | None:
     return None
 
 
+# Vector datapath per microarchitecture: FMA pipes per core and the width each pipe executes
+# per cycle (a 512-bit instruction on a 256-bit datapath takes two cycles). Keyed by
+# (vendor, family, model range); sources are the vendors' optimisation guides.
+MICROARCH = (
+    {"vendor": "AuthenticAMD", "family": 0x17, "models": (0x00, 0x2F), "name": "Zen / Zen+",
+     "fma_pipes": 2, "datapath_bits": 128,
+     "source": "AMD Software Optimization Guide for Family 17h (doc 55723): 2 x 128-bit FMA"},
+    {"vendor": "AuthenticAMD", "family": 0x17, "models": (0x30, 0x9F), "name": "Zen 2",
+     "fma_pipes": 2, "datapath_bits": 256,
+     "source": "AMD Software Optimization Guide for Family 17h Models 30h+ (doc 56305): "
+               "2 x 256-bit FMA"},
+    {"vendor": "AuthenticAMD", "family": 0x19, "models": (0x00, 0x0F), "name": "Zen 3 (Milan)",
+     "fma_pipes": 2, "datapath_bits": 256,
+     "source": "AMD Software Optimization Guide for Family 19h (doc 56665): 2 x 256-bit FMA"},
+    {"vendor": "AuthenticAMD", "family": 0x19, "models": (0x20, 0x5F), "name": "Zen 3 (client)",
+     "fma_pipes": 2, "datapath_bits": 256,
+     "source": "AMD Software Optimization Guide for Family 19h (doc 56665): 2 x 256-bit FMA"},
+    {"vendor": "AuthenticAMD", "family": 0x19, "models": (0x10, 0x1F), "name": "Zen 4 (Genoa)",
+     "fma_pipes": 2, "datapath_bits": 256,
+     "source": "AMD Software Optimization Guide for Family 19h Models 10h+ (doc 57647): "
+               "AVX-512 executed as two 256-bit halves"},
+    {"vendor": "AuthenticAMD", "family": 0x19, "models": (0x60, 0xAF), "name": "Zen 4",
+     "fma_pipes": 2, "datapath_bits": 256,
+     "source": "AMD Software Optimization Guide for Family 19h Models 10h+ (doc 57647): "
+               "AVX-512 executed as two 256-bit halves"},
+    {"vendor": "AuthenticAMD", "family": 0x1A, "models": (0x00, 0x1F), "name": "Zen 5 (Turin)",
+     "fma_pipes": 2, "datapath_bits": 512,
+     "source": "AMD Software Optimization Guide for Family 1Ah (doc 58455): full 512-bit "
+               "datapath on server and desktop parts"},
+    {"vendor": "AuthenticAMD", "family": 0x1A, "models": (0x40, 0x4F), "name": "Zen 5 (desktop)",
+     "fma_pipes": 2, "datapath_bits": 512,
+     "source": "AMD Software Optimization Guide for Family 1Ah (doc 58455): full 512-bit "
+               "datapath on server and desktop parts"},
+    {"vendor": "AuthenticAMD", "family": 0x1A, "models": (0x20, 0x2F), "name": "Zen 5 (mobile)",
+     "fma_pipes": 2, "datapath_bits": 256,
+     "source": "AMD Software Optimization Guide for Family 1Ah (doc 58455): mobile parts "
+               "execute 512-bit ops on a 256-bit datapath"},
+)
+
+
+def microarchitecture(cpu_id: dict) -> dict | None:
+    """The MICROARCH entry for {vendor, family, model}, or None (unknown part)."""
+    for entry in MICROARCH:
+        lo, hi = entry["models"]
+        if (cpu_id.get("vendor") == entry["vendor"] and cpu_id.get("family") == entry["family"]
+                and cpu_id.get("model") is not None and lo <= cpu_id["model"] <= hi):
+            return entry
+    return None
+
+
+def _datapath(flags: dict, cpu_id: dict) -> tuple[int, int, list[str], bool]:
+    """(FMA pipes, f32 lanes per pipe per cycle, why, known) from the flags and the table."""
+    lanes, lanes_why = _simd_f32_lanes(flags)
+    arch = microarchitecture(cpu_id)
+    if arch is None:
+        return 2, lanes, [lanes_why, "unknown microarchitecture: 2 FMA pipes of the widest "
+                          "advertised vector assumed (an upper bound)"], False
+    path = arch["datapath_bits"] // 32
+    why = [lanes_why, f"{arch['name']}: {arch['fma_pipes']} FMA pipes x "
+           f"{arch['datapath_bits']}-bit datapath ({arch['source']})"]
+    return arch["fma_pipes"], min(lanes, path), why, True
+
+
 @functools.lru_cache(maxsize=1)
 def cpu_device() -> Device:
     """Theoretical CPU peak: usable cores x FMA pipes x f32 lanes x 2 FLOP x clock.
 
-    Assumes 2 FMA pipes per core of the widest vector the flags advertise: right for recent
-    Intel server cores and Zen 5, an upper bound (2x) for Zen 4, whose 512-bit ops run as two
-    256-bit halves. The clock comes from sysinfo.clock_hz (cpufreq max, else measured, else
+    The pipes and the lanes each pipe executes per cycle come from MICROARCH (keyed by
+    vendor/family/model, from the vendors' optimisation guides) capped by the widest vector
+    the ISA flags advertise; an unknown part assumes 2 full-width pipes and is labelled an
+    upper bound. The clock comes from sysinfo.clock_hz (cpufreq max, else measured, else
     nominal). DRAM bandwidth is not derivable from what a VM exposes, so it is left out.
     """
     info = sysinfo.read_cpuinfo()
@@ -234,28 +298,30 @@ def cpu_device() -> Device:
     cores = len(sysinfo.affinity())
     hz, hz_how = sysinfo.clock_hz()
     hz = hz or 1e9
-    lanes, lanes_why = _simd_f32_lanes(flags)
-    fma_pipes = 2
+    cpu_id = sysinfo.cpu_family(info)
+    fma_pipes, lanes, why, known = _datapath(flags, cpu_id)
     f32_cycle = fma_pipes * lanes * 2.0
     low, low_why = _low_precision_rates(flags, f32_cycle)
     per_cycle = {"float32": f32_cycle, **low}
-    cpu_id = sysinfo.cpu_family(info)
+    arch = microarchitecture(cpu_id)
     derivation = {
         "formula": "cores x FLOP/cycle/core x clock; f32 FLOP/cycle = FMA pipes x lanes x 2",
         "cores": cores, "fma_pipes": fma_pipes, "f32_lanes": lanes, "clock_hz": hz,
         "clock_source": hz_how, "flop_per_cycle_per_core": per_cycle,
-        "why": [lanes_why, "2 FMA pipes per core assumed (upper bound)", *low_why],
-        "cpu_id": cpu_id,
+        "microarchitecture": arch["name"] if arch else None,
+        "why": [*why, *low_why], "cpu_id": cpu_id,
+        "bound": "theoretical peak" if known else "upper bound (unknown microarchitecture)",
     }
-    notes = ["Theoretical upper bound, not a vendor figure. Zen 4 (AMD family 0x19) executes "
-             "512-bit FMAs as two 256-bit halves: its real f32 peak is half of this.",
+    notes = ["Theoretical peak from the datapath table, not a vendor figure" if known else
+             "Upper bound: this part is not in the datapath table (hardware.MICROARCH)",
              "No DRAM bandwidth ceiling: a VM does not expose the memory channels and speed."]
     return Device(
         name="cpu", vendor=cpu_id.get("vendor") or "unknown", kind="cpu",
         peak_flops={k: cores * v * hz for k, v in per_cycle.items()},
         memory_bandwidth={}, main_memory="DRAM", memory_bytes=_mem_total_bytes(),
         sources=(f"derived on this machine from /proc/cpuinfo flags, sched_getaffinity and "
-                 f"the clock ({hz_how}); model {sysinfo.cpu_model(info)!r}",),
+                 f"the clock ({hz_how}); model {sysinfo.cpu_model(info)!r}",
+                 *([arch["source"]] if arch else [])),
         notes=tuple(notes), derivation=derivation)
 
 

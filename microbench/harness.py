@@ -26,14 +26,10 @@ Public API:
 
 from __future__ import annotations
 
-import csv
 import datetime as _dt
-import io
-import json
 import os
 import platform
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -244,44 +240,16 @@ def environment() -> dict:
 
 
 # ----------------------------------------------------------------------------- writers
+# Atomic writers live in microbench.files (no JAX import, so figures redraw without JAX);
+# re-exported here for callers that time and write in one place.
+from microbench.files import (  # noqa: E402
+    check_writable_dir,
+    readable,
+    write_csv_atomic,
+    write_json_atomic,
+    write_text_atomic,
+)
 
-def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Write to a temporary file in the target's folder, fsync, then os.replace it in."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    readable(tmp)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def readable(path: str | Path) -> None:
-    """Give a temporary file the permissions a plain open() would (mkstemp makes it 0600)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
-
-
-def write_json_atomic(path: str | Path, obj) -> Path:
-    """Serialise first (a failure leaves nothing behind), then replace `path` atomically."""
-    return write_text_atomic(path, json.dumps(obj, indent=1, allow_nan=False) + "\n")
-
-
-def write_csv_atomic(path: str | Path, rows: Sequence[dict]) -> Path:
-    """Rows of flat dicts as CSV (columns: union of keys in first-seen order), atomically."""
-    cols: list[str] = []
-    for row in rows:
-        cols += [k for k in row if k not in cols]
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return write_text_atomic(path, buf.getvalue())
+__all__ = ["Timing", "summarize", "stop_reason", "compile_fn", "time_fn", "rates",
+           "environment", "check_writable_dir", "readable", "write_csv_atomic",
+           "write_json_atomic", "write_text_atomic"]

@@ -1,14 +1,23 @@
 """Measure this machine's roofs and write them: `measure_peaks(quick, out_dir)`.
 
 Runs, in order: GEMM per dtype (matrix roof), the FMA-chain sweep (vector roof), the STREAM
-kernels on DRAM-sized arrays (fresh output and donated), the working-set sweep with its
-plateaus named against the OS's cache sizes, and the arithmetic-intensity sweep. Every value is
-checked against the machine's ceiling (guard.py); roofs are taken only from unflagged values.
+kernels on main-memory arrays (fresh output and donated), the memory hierarchy at a fixed
+thread count (microbench.hierarchy, a native read), XLA's own working-set sweep, and the
+arithmetic-intensity sweep; interleaved with them, rounds of the main roofs beside peer
+programs (microbench.rounds: at the start, in the middle and at the end, so drift shows).
+
+The roofs are the hardware's: each main roof is the best program of the rounds (ours or a
+peer), labelled with that program; what XLA reaches is kept as `roofs.compiler`. Cache levels
+come from the native sweep and are checked monotone. Every value is checked against the
+machine's theoretical ceiling (guard.py), every point against the roof it sits under
+(roofline.above), and roofs are taken only from unflagged values. Main-memory arrays are
+max(1 GiB, 16 x the last-level cache), bounded by the memory available.
 Writes peaks.json (schema.py), peaks.csv and roofline.png into out_dir, each atomically.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +25,21 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from microbench import bandwidth, compute, guard, hardware, harness, intensity, plateaus, sysinfo
+from microbench import (
+    bandwidth,
+    compute,
+    guard,
+    hardware,
+    harness,
+    hierarchy,
+    intensity,
+    overhead,
+    plateaus,
+    probe,
+    roofline,
+    rounds,
+    sysinfo,
+)
 from microbench.schema import KIND_PEAKS, SCHEMA_VERSION, validate_result
 
 
@@ -39,17 +62,30 @@ class Plan:
     min_samples: int
     target_cv: float = 0.03
     min_sample_s: float = 2e-3
+    rounds: int = 3
+    probe_bytes: int = 128 << 20
 
 
-def make_plan(quick: bool, llc_bytes: int) -> Plan:
-    """Default: minutes; quick: about a minute on 2 cores. DRAM arrays are >= 4x the LLC."""
-    dram = max(4 * llc_bytes, 64 << 20)
+def main_array_bytes(llc_bytes: int, available: float | None = None) -> int:
+    """max(1 GiB, 16 x LLC), at most a twelfth of the available memory (a triad holds three
+    arrays, plus their copies and the peers' own), and never below 4x the LLC."""
+    want = max(1 << 30, 16 * llc_bytes)
+    if available:
+        want = min(want, int(available) // 12)
+    return max(want, 4 * llc_bytes, 64 << 20) // 4096 * 4096
+
+
+def make_plan(quick: bool, llc_bytes: int, available: float | None = None) -> Plan:
+    """Default: minutes; quick: about a minute and a half on 2 cores."""
+    main = main_array_bytes(llc_bytes, available)
+    n_probe = probe.probe_elements(llc_bytes, main // 4)
     if quick:
         return Plan((1024, 2048), ((4096, 1024, 256),), (1024,), (16, 64), (1, 8), 1 << 17,
-                    dram, 4 << 10, dram, 1.5, intensity.QUICK_POINTS, 0.3, 3)
+                    main, 4 << 10, main, 1.6, intensity.QUICK_POINTS, 0.3, 3, rounds=2,
+                    probe_bytes=4 * n_probe)
     return Plan((512, 1024, 2048, 4096), ((8192, 2048, 256), (16384, 1024, 128)),
-                (1024, 2048), (1, 4, 16, 64, 128), (1, 2, 4, 8), 1 << 17, dram, 4 << 10,
-                max(16 * llc_bytes, 512 << 20), 1.25, intensity.POINTS, 1.0, 5)
+                (1024, 2048), (1, 4, 16, 64, 128), (1, 2, 4, 8), 1 << 17, main, 4 << 10,
+                main, 1.4, intensity.POINTS, 0.6, 5, rounds=3, probe_bytes=4 * n_probe)
 
 
 def _time(plan: Plan, fn, *args, donate=()):
@@ -106,8 +142,11 @@ def measure_vector(plan: Plan, spec, progress: bool = True) -> list[dict]:
 def measure_bandwidth(plan: Plan, spec, env: dict, source: np.ndarray,
                       progress: bool = True) -> list[dict]:
     n, main = plan.dram_array_bytes // 4, main_memory_name(env)
+    # Donated (in place) for every kernel that writes; fresh output only for scale, the lesson
+    # of what page faults on new output cost (on these VMs ~1.7 s per GiB, a slow path).
     jobs = [(kern, donated) for kern in bandwidth.KERNELS.values()
-            for donated in ((False, True) if kern.can_donate else (False,))]
+            for donated in (((False, True) if kern.name == "scale" else (True,))
+                            if kern.can_donate else (False,))]
     out = []
     for kern, donated in _bar(jobs, "STREAM @ DRAM", progress):
         args = bandwidth.kernel_args(kern, n, source=source)
@@ -149,18 +188,29 @@ def measure_sweep(plan: Plan, spec, env: dict, source: np.ndarray,
             "plateaus": [vars(q) for q in found]}
 
 
+COMPUTE_SIDE_FLOP_PER_BYTE = 8.0  # above this the AI sweep is compute-bound on any CPU here
+
+
 def measure_intensity(plan: Plan, spec, source: np.ndarray, progress: bool = True) -> dict:
-    n = plan.dram_array_bytes // 4
+    """The FMA chain in place at rising intensity: on the main-memory array while the point
+    can be memory-bound, on an eighth of it beyond COMPUTE_SIDE_FLOP_PER_BYTE (where a call
+    over GiBs would take seconds and residency cannot matter: time is compute)."""
     points = []
     for K, k in _bar(plan.intensity_points, "intensity sweep", progress):
-        x, a, b = compute.fma_inputs(k=k, n=1, dtype="float32")
+        n = plan.dram_array_bytes // 4
+        if intensity.intensity(K, k) > COMPUTE_SIDE_FLOP_PER_BYTE:
+            n //= 8
+        _, a, b = compute.fma_inputs(k=k, n=1, dtype="float32")
         x = bandwidth.kernel_args(bandwidth.KERNELS["scale"], n, source=source)[0]
         t = _time(plan, intensity.kernel(K, k), x, a, b, donate=(0,))
         e = entry("fma_chain_inplace", t, intensity.flops(n, K, k), intensity.bytes_moved(n, k),
-                  dtype="float32", K=K, k=k, n=n, flops_per_byte=intensity.intensity(K, k))
+                  dtype="float32", K=K, k=k, n=n, flops_per_byte=intensity.intensity(K, k),
+                  working_set_bytes=4 * n)
         points.append(guard.flag_compute(e, spec))
-    return {"kernel": "FMA chain in place on a DRAM-sized donated buffer",
-            "working_set_bytes": 4 * n, "points": points}
+        del x
+    return {"kernel": "FMA chain in place on a donated buffer (main-memory sized while the "
+                      "point can be memory-bound)",
+            "working_set_bytes": plan.dram_array_bytes, "points": points}
 
 
 def main_memory_name(env: dict) -> str:
@@ -189,53 +239,153 @@ def _roof(name, kind, key, value_entry, rate, source, spec) -> dict:
     return guard.flag_roof(roof, spec)
 
 
-SWEEP_AGREEMENT = 1.2  # the sweep's main-memory plateau may exceed STREAM by this factor
+def _main_roof(name: str, kind: str, key: str, block: dict, spec) -> dict:
+    """A roof from a rounds.derive block: the best program's median over the rounds."""
+    n = len(block["round_values"])
+    roof = {"name": name, "kind": kind, ("dtype" if kind == "compute" else "level"): key,
+            "value": block["value"], "p10": block["p10"], "p90": block["p90"],
+            "source": f"{block['program']}, median of {n} interleaved round"
+                      f"{'s' if n > 1 else ''}",
+            "program": block["program"], "ours_is_roof": block["ours_is_roof"],
+            "spread": block["spread"], "unstable": block["unstable"],
+            "ratio_roof_over_best_peer": block["ratio_roof_over_best_peer"],
+            "ratio_ours_over_best_peer": block["ratio_ours_over_best_peer"]}
+    return guard.flag_roof(roof, spec)
+
+
+def _compiler_roofs(result: dict, main: str) -> list[dict]:
+    """What XLA itself reaches, kept beside the hardware's roofs (never drawn as a roof)."""
+    out = []
+    mr = result.get("main_roofs", {})
+    for metric, name, kind, key in (("gemm_float32", "GEMM float32 (XLA)", "compute", "float32"),
+                                    ("main_read", f"{main} read-only (XLA jnp.sum)", "memory",
+                                     f"{main} read"),
+                                    ("main_rw", f"{main} (XLA in-place scale)", "memory", main)):
+        ours = (mr.get(metric) or {}).get("ours")
+        if ours:
+            out.append({"name": name, "kind": kind, ("dtype" if kind == "compute" else "level"):
+                        key, "value": ours["median"], "p10": ours["min"], "p90": ours["max"],
+                        "source": ours["program"], "suspect": False, "reason": None})
+    for q in result["sweep"]["plateaus"]:
+        if q["name"] != main:
+            out.append({"name": f"{q['name']} (XLA sweep)", "kind": "memory",
+                        "level": q["name"], "value": q["bytes_per_s"], "p10": q["p10"],
+                        "p90": q["p90"], "source": "XLA in-place scale sweep plateau "
+                        f"{q['lo_bytes']:.0f}-{q['hi_bytes']:.0f} B", "suspect": False,
+                        "reason": None})
+    return out
+
+
+def _cache_roofs(result: dict, main: str, spec) -> list[dict]:
+    """Cache levels from the native all-core sweep (else XLA's sweep), hierarchy-checked."""
+    hier = result.get("hierarchy")
+    if hier:
+        found, program = hier["all_cores"]["plateaus"], hier["all_cores"]["program"]
+    else:
+        found, program = result["sweep"]["plateaus"], "XLA in-place scale sweep (no C peer)"
+    bad = {c["larger"]: c["reason"] for c in (hier or {}).get("checks", []) if not c["ok"]}
+    out = []
+    for q in found:
+        if q["name"] == main:
+            continue
+        roof = guard.flag_roof({"name": q["name"], "kind": "memory", "level": q["name"],
+                                "value": q["bytes_per_s"], "p10": q["p10"], "p90": q["p90"],
+                                "source": f"{program}, plateau {q['lo_bytes'] / 1024:.0f}-"
+                                          f"{q['hi_bytes'] / 1024:.0f} KiB",
+                                "program": program}, spec)
+        if q["name"] in bad:
+            roof["suspect"], roof["reason"] = True, bad[q["name"]]
+        out.append(roof)
+    return out
 
 
 def derive_roofs(result: dict, spec) -> dict:
-    """Best unflagged value per dtype (GEMM, vector) and per memory level (plateaus, STREAM)."""
+    """The hardware's roofs: main roofs from the rounds (best program), cache levels from the
+    fixed-thread-count sweep, other dtypes and the vector unit from their own sections."""
+    main = main_memory_name(result["environment"])
+    mr = result.get("main_roofs") or {}
     compute_roofs = []
+    if "gemm_float32" in mr:
+        compute_roofs.append(_main_roof("GEMM float32", "compute", "float32", mr["gemm_float32"],
+                                        spec))
     for dtype in dict.fromkeys(e["dtype"] for e in result["gemm"]):
+        if dtype == "float32" and "gemm_float32" in mr:
+            continue
         best = _best([e for e in result["gemm"] if e["dtype"] == dtype], "flops_per_s")
         if best:
             src = f"GEMM {'x'.join(map(str, best['shape']))} ({best['ran']})"
             compute_roofs.append(_roof(f"GEMM {dtype}", "compute", dtype, best, "flops_per_s",
                                        src, spec))
-    best = _best(result["vector"], "flops_per_s")
+    # The vector roof: the best FMA chain, from the (K, k) sweep or the in-place AI sweep
+    # (both are the same kernel; the AI sweep's high-intensity end often finds more ILP).
+    chains = result["vector"] + [p for p in result["intensity"]["points"]
+                                 if p["flops_per_byte"] >= 8]
+    best = _best(chains, "flops_per_s")
     if best:
         compute_roofs.append(_roof("vector FMA float32", "compute", "float32", best,
-                                   "flops_per_s", f"FMA chain K={best['K']} k={best['k']}", spec))
-    memory_roofs = []
-    for q in result["sweep"]["plateaus"]:
-        memory_roofs.append({"name": q["name"], "kind": "memory", "level": q["name"],
-                             "value": q["bytes_per_s"], "p10": q["p10"], "p90": q["p90"],
-                             "source": f"sweep plateau {q['lo_bytes']:.0f}-{q['hi_bytes']:.0f} B"})
-    stream = _best(result["bandwidth"], "bytes_per_s")
+                                   "flops_per_s", f"FMA chain ({best['name']}) K={best['K']} "
+                                   f"k={best['k']}", spec))
+    memory_roofs = _cache_roofs(result, main, spec)
+    for metric, name, level in (("main_rw", main, main),
+                                ("main_read", f"{main} read-only", f"{main} read")):
+        if metric in mr:
+            memory_roofs.append(_main_roof(name, "memory", level, mr[metric], spec))
+    if not mr:  # results without rounds (synthetic data): the best STREAM kernel
+        stream = _best(result["bandwidth"], "bytes_per_s")
+        if stream:
+            memory_roofs.append(_roof(main, "memory", main, stream, "bytes_per_s",
+                                      f"STREAM {stream['name']}, algorithmic bytes", spec))
+    read = next((r for r in memory_roofs if r["level"] == f"{main} read"), None)
+    hier = result.get("hierarchy")
+    if hier and read:  # the last step of the ladder: the last cache level vs main memory
+        hier["checks"] = hierarchy.check_monotone(hier["all_cores"]["plateaus"], read)
+        for c in hier["checks"]:
+            if not c["ok"] and c["larger"] == read["name"]:
+                read["suspect"], read["reason"] = True, c["reason"]
+    return {"compute": compute_roofs, "memory": memory_roofs,
+            "compiler": _compiler_roofs(result, main),
+            "ridges": ridges(compute_roofs, memory_roofs, main)}
+
+
+def ridges(compute_roofs: list[dict], memory_roofs: list[dict], main: str) -> list[dict]:
+    """Every ridge point the figures draw, each naming the two roofs it divides: the matrix
+    and vector roofs over main memory's read-only and read+write roofs."""
+    ok_c = [r for r in compute_roofs if not r.get("suspect")]
+    ok_m = [r for r in memory_roofs if not r.get("suspect") and r["level"].split()[0] == main]
+    return [roofline.ridge(c, m) for c in ok_c for m in ok_m]
+
+
+def flag_points(result: dict) -> None:
+    """Flag every measured point above the roof it runs under by more than that roof's spread:
+    AI-sweep points against min(vector roof, I x main memory), sweep points in main memory
+    against the main read+write roof. Suspect points are never roofs."""
+    roofs = result["roofs"]
     main = main_memory_name(result["environment"])
-    sweep_main = next((r for r in memory_roofs if r["level"] == main), None)
-    if stream:
-        # Main memory's roof is the best STREAM kernel on arrays >= 4x the last-level cache.
-        # The sweep's last plateau is kept only if it agrees: on this project's VM it read
-        # 55-83 GB/s at >= 273 MiB, above every peer program (a 2-thread C in-place scale:
-        # 47-65 GB/s), so there it is flagged as a measurement to explain, not a roof.
-        memory_roofs = [r for r in memory_roofs if r["level"] != main]
-        kind = "donated" if stream["donated"] else "fresh output"
-        memory_roofs.append(_roof(main, "memory", main, stream, "bytes_per_s",
-                                  f"STREAM {stream['name']} ({kind}), algorithmic bytes", spec))
-        if sweep_main and sweep_main["value"] > SWEEP_AGREEMENT * memory_roofs[-1]["value"]:
-            memory_roofs.append({**sweep_main, "name": f"{main} sweep plateau",
-                                 "level": f"{main} sweep", "suspect": True,
-                                 "reason": f"sweep plateau {sweep_main['value'] / 1e9:.1f} GB/s "
-                                           f"exceeds the best STREAM kernel by more than "
-                                           f"{SWEEP_AGREEMENT - 1:.0%}: not a roof"})
-    # Inference streams weights and caches: a read-only roof is the one its phases can reach
-    # (on this VM reads alone peak well below reads + writes together).
-    read = _best([e for e in result["bandwidth"] if e["name"] == "read"], "bytes_per_s")
-    if read:
-        memory_roofs.append(_roof(f"{main} read-only", "memory", f"{main} read", read,
-                                  "bytes_per_s", "STREAM read (a sum), algorithmic bytes", spec))
-    return {"compute": compute_roofs,
-            "memory": [r if r.get("suspect") else guard.flag_roof(r, spec) for r in memory_roofs]}
+    rw = next((r for r in roofs["memory"] if r["level"] == main), None)
+    vec = next((r for r in roofs["compute"] if r["name"].startswith("vector")), None)
+    for p in result["intensity"]["points"]:
+        if p["suspect"] or rw is None:
+            continue
+        mem_bound = {**rw, "value": rw["value"] * p["flops_per_byte"],
+                     "p10": rw["p10"] * p["flops_per_byte"], "p90": rw["p90"] * p["flops_per_byte"]}
+        bound = min((b for b in (mem_bound, vec) if b), key=lambda b: b["value"])
+        if roofline.above(p["flops_per_s"]["median"], bound):
+            p["suspect"], p["reason"] = True, (
+                f"{p['flops_per_s']['median'] / 1e9:.1f} GFLOP/s at {p['flops_per_byte']:.3g} "
+                f"FLOP/B is above its roof {bound['value'] / 1e9:.1f} (min of the vector roof "
+                f"and I x {rw['name']}) beyond the roof's spread: part of the buffer stayed in "
+                f"cache, or the byte count is wrong")
+    llc = max((c for _, c in result["sweep"].get("cache_capacities", [])), default=None)
+    for p in result["sweep"]["points"]:
+        if p["suspect"] or rw is None or llc is None or p["working_set_bytes"] < 4 * llc:
+            continue
+        if roofline.above(p["bytes_per_s"]["median"], rw):
+            p["suspect"], p["reason"] = True, (
+                f"{p['bytes_per_s']['median'] / 1e9:.1f} GB/s at "
+                f"{p['working_set_bytes'] / 2**20:.0f} MiB (>= 4x the last-level cache) is "
+                f"above the {rw['name']} roof {rw['value'] / 1e9:.1f} GB/s "
+                f"({rw.get('program', rw['source'])}) "
+                f"beyond its spread: not a main-memory figure")
 
 
 def machine_label(env: dict) -> str:
@@ -245,28 +395,62 @@ def machine_label(env: dict) -> str:
 
 
 def _source_array(plan: Plan) -> np.ndarray:
-    """One random-normal float32 buffer big enough for every DRAM-sized argument."""
-    size = max(3 * plan.dram_array_bytes, plan.sweep_hi) // 4
-    return np.random.default_rng(0).standard_normal(size, dtype=np.float32)
+    """One random-normal float32 buffer big enough for every main-memory-sized argument
+    (a triad's three arrays), tiled from 4 MiB of random values so GiBs take a second."""
+    return probe.host_array(max(3 * plan.dram_array_bytes, plan.sweep_hi) // 4)
 
 
-def measure(quick: bool, progress: bool = True) -> dict:
+def _best_square(gemm: list[dict]) -> list[int]:
+    ok = [e for e in gemm if e["dtype"] == "float32" and not e["suspect"]
+          and e["shape_kind"] == "square"]
+    return max(ok, key=lambda e: e["flops_per_s"]["median"])["shape"]
+
+
+def measure(quick: bool, progress: bool = True, n_rounds: int | None = None) -> dict:
     """Run every measurement and return the validated result object (writes nothing)."""
     t0 = time.perf_counter()
     env = harness.environment()
     spec = hardware.device_for_environment(env)
     llc = max((size for _, size in memory_levels(env, spec)), default=64 << 20)
-    plan = make_plan(quick, llc)
+    plan = make_plan(quick, llc, sysinfo.mem_available_bytes())
+    if n_rounds:
+        plan = Plan(**{**vars(plan), "rounds": n_rounds})
     source = _source_array(plan)
     result = {"schema_version": SCHEMA_VERSION, "kind": KIND_PEAKS, "machine": machine_label(env),
               "quick": quick, "environment": env, "spec": spec.to_dict() if spec else None,
               "plan": vars(plan)}
+    threads = len(env["affinity"])
     result["gemm"] = measure_gemm(plan, env, spec, progress)
+    result["overhead"] = overhead.measure()
+    ours = rounds.Ours(_best_square(result["gemm"]), plan.dram_array_bytes // 4,
+                       plan.probe_bytes // 4, source)
+    peers = rounds.Peers(ours.gemm_shape, ours.n_main, threads)
+    done = []
+
+    def a_round():
+        if progress:
+            print(f"round {len(done) + 1}/{plan.rounds}: XLA, numpy and C on the main roofs",
+                  file=sys.stderr)
+        done.append(rounds.measure_round(len(done), ours, peers))
+
+    a_round()
     result["vector"] = measure_vector(plan, spec, progress)
     result["bandwidth"] = measure_bandwidth(plan, spec, env, source, progress)
+    if plan.rounds > 2:
+        a_round()
+    main = main_memory_name(env)
+    if env["backend"] == "cpu":
+        result["hierarchy"] = hierarchy.measure(env, main, plan.dram_array_bytes, quick)
     result["sweep"] = measure_sweep(plan, spec, env, source, progress)
     result["intensity"] = measure_intensity(plan, spec, source, progress)
+    while len(done) < plan.rounds:
+        a_round()
+    peers.close()
+    result["rounds"] = done
+    result["main_roofs"] = rounds.derive(done)
+    result["drift"] = {m: rounds.drift(done, m) for m in rounds.METRICS}
     result["roofs"] = derive_roofs(result, spec)
+    flag_points(result)
     result["wall_s"] = time.perf_counter() - t0
     return validate_result(result)
 
@@ -293,47 +477,48 @@ def csv_rows(result: dict) -> list[dict]:
     return rows
 
 
-def measure_peaks(quick: bool, out_dir, progress: bool = True, compare: bool = False) -> dict:
-    """Measure, optionally run the peer programs, and write peaks.json/.csv/roofline.png."""
-    result = measure(quick, progress)
-    if compare:
-        from microbench import peers
-
-        result["compare"] = peers.compare(result, progress)
+def measure_peaks(quick: bool, out_dir, progress: bool = True, rounds_: int | None = None
+                  ) -> dict:
+    """Measure (with `rounds_` interleaved rounds, default the plan's) and write
+    peaks.json/.csv/roofline.png. The output folder is checked before anything is measured."""
     out = Path(out_dir)
+    harness.check_writable_dir(out)
+    result = measure(quick, progress, rounds_)
     harness.write_json_atomic(out / "peaks.json", validate_result(result))
     harness.write_csv_atomic(out / "peaks.csv", csv_rows(result))
     from microbench import plot
 
     plot.save(plot.roofline_figure([result]), out / "roofline.png")
+    plot.save(plot.hierarchy_figure([result]), out / "hierarchy.png")
     return result
 
 
-def quick_roofs(n_gemm: int = 512, array_bytes: int | None = None, budget_s: float = 0.1,
+def quick_roofs(n_gemm: int = 1024, array_bytes: int | None = None, budget_s: float = 0.1,
                 min_samples: int = 3) -> dict:
-    """A peaks-like {machine, roofs, sweep} in a second or two, for notebooks: one float32
-    GEMM (the matrix roof), and a read and an in-place scale over an array larger than the
-    last-level cache (main memory's read-only and read+write roofs). Guard rails applied."""
+    """A peaks-like {machine, roofs, main_roofs, environment, sweep} in a few seconds, for
+    notebooks: one round of the main roofs (microbench.rounds) -- XLA's f32 GEMM, read and
+    in-place scale beside numpy and the native C read/scale/triad -- on a main-memory array
+    (max(1 GiB, 16 x LLC) unless `array_bytes` is given). Each roof is the best program,
+    labelled with its name; guard rails applied."""
     env = harness.environment()
     spec = hardware.device_for_environment(env)
     main = main_memory_name(env)
+    llc = max((size for _, size in memory_levels(env, spec)), default=32 << 20)
     if array_bytes is None:
-        llc = max((size for _, size in memory_levels(env, spec)), default=32 << 20)
-        array_bytes = max(2 * llc, 32 << 20)
-    plan = make_plan(True, array_bytes)
-    plan = Plan(**{**vars(plan), "budget_s": budget_s, "min_samples": min_samples})
-    fn, label = compute.gemm_fn("float32")
-    t = _time(plan, fn, *compute.gemm_inputs(n_gemm, n_gemm, n_gemm, "float32"))
-    gemm = entry("gemm", t, compute.gemm_flops(n_gemm, n_gemm, n_gemm), 0.0)
-    roofs = {"compute": [_roof("GEMM float32", "compute", "float32", gemm, "flops_per_s",
-                               f"GEMM {n_gemm}^3 ({label})", spec)], "memory": []}
+        array_bytes = main_array_bytes(llc, sysinfo.mem_available_bytes())
     n = array_bytes // 4
-    for kern, level, donate in (("read", f"{main} read", ()), ("scale", main, (0,))):
-        k = bandwidth.KERNELS[kern]
-        t = _time(plan, k.fn, *bandwidth.kernel_args(k, n), donate=donate)
-        nbytes = bandwidth.kernel_bytes(k, n, 4, bool(donate))["algorithmic"]
-        name = f"{main} read-only" if kern == "read" else main
-        roofs["memory"].append(_roof(name, "memory", level, entry(kern, t, 0.0, nbytes),
-                                     "bytes_per_s", f"{kern}, {array_bytes >> 20} MiB", spec))
-    return {"machine": machine_label(env), "roofs": roofs, "environment": env,
-            "sweep": {"cache_capacities": []}}
+    ours = rounds.Ours((n_gemm, n_gemm, n_gemm), n, probe.probe_elements(llc, n),
+                       budget_s=budget_s)
+    peers = rounds.Peers(ours.gemm_shape, n, len(env["affinity"]))
+    one = [rounds.measure_round(0, ours, peers)]
+    peers.close()
+    del ours
+    mr = rounds.derive(one)
+    roofs = {"compute": [_main_roof("GEMM float32", "compute", "float32", mr["gemm_float32"],
+                                    spec)],
+             "memory": [_main_roof(main, "memory", main, mr["main_rw"], spec),
+                        _main_roof(f"{main} read-only", "memory", f"{main} read",
+                                   mr["main_read"], spec)]}
+    roofs["ridges"] = ridges(roofs["compute"], roofs["memory"], main)
+    return {"machine": machine_label(env), "roofs": roofs, "main_roofs": mr,
+            "environment": env, "sweep": {"cache_capacities": []}}

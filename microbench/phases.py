@@ -4,12 +4,25 @@ Regime: each phase of the reference model (`refmodel.Phases`) is compiled alone 
 the harness at a given batch and context; its FLOPs and bytes come from the analytic cost
 model (`refmodel.costs.phase_costs`) of the very same phase, so the measured point (achieved
 FLOP/s at the counted intensity) and the predicted point sit on one roofline. The prediction
-uses the roofs measured on the same machine (`peaks.json`): the matrix roof of the model's
-dtype, and the bandwidth of the smallest memory level that holds the phase's working set
-(weights + cache + activations), which is DRAM for a model several times the last-level cache.
+uses what `peaks` measured on the same machine (`prediction_inputs`):
 
-    t_predicted = max(FLOPs / compute roof, bytes / memory roof)
+    t_predicted = floor + max(FLOPs / (GEMM roof x c), bytes / (curve(working set) x m))
     measured / predicted = t_predicted / t_measured   (1.0 = on the roof; 0.5 = half of it)
+
+  * curve: the all-core read bandwidth at the phase's working-set size (weights + cache +
+    activations), interpolated on the measured working-set curve (microbench.hierarchy), so
+    the predicted time is continuous in bytes: no jump between cache levels. Past the curve,
+    main memory's read-only roof. (Without a native curve: the level that holds it.)
+  * floor: the measured dispatch cost plus the measured cost per kernel times the kernels of
+    this compiled phase (microbench.overhead).
+  * c, m: drift factors from the probes run just before and after the point
+    (microbench.probe), relative to their values during the roof rounds; m applies to
+    working sets beyond the last-level cache (main memory is what drifts).
+
+A point says whether it was timed warm (its working set fits the last-level cache, so repeated
+calls find it cached) or cold; a point above its roof by more than the roof's spread is
+flagged suspect, and a point outside +/-25% of its prediction carries a measured reason
+(`explain`).
 
 The timed callable is `phases.jitted[phase]`, the object the compiler cross-check lowers too.
 Arguments come from `Phases.example_args` (the same the cross-check lowers): decode phases run
@@ -23,9 +36,11 @@ from __future__ import annotations
 import dataclasses
 
 import refmodel
-from microbench import harness
+from microbench import harness, overhead, roofline
 from refmodel import costs
 from refmodel.phases import donation
+
+BAND = (0.75, 1.25)  # measured / predicted within this band: "on its prediction"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,29 +90,108 @@ def compute_roof(roofs: dict, dtype: str) -> dict:
     return max(pool, key=lambda r: r["value"])
 
 
-def predict(flops: float, nbytes: float, compute: dict, memory: dict) -> dict:
-    """Roofline time of a phase: the slower of its compute time and its memory time."""
+def prediction_inputs(peaks: dict) -> dict:
+    """What a prediction needs from a peaks result (phases.json keeps exactly this): roofs,
+    cache capacities, the working-set curve ending at main memory's read roof, the per-call
+    overhead and the probes' reference values."""
+    if "curve" in peaks:  # already reduced (a phases.json's "peaks" block)
+        return peaks
+    roofs = peaks["roofs"]
+    caps = peaks.get("sweep", {}).get("cache_capacities") or []
+    hier = peaks.get("hierarchy")
+    curve = None
+    main_read = next((r for r in roofs["memory"] if r["level"].endswith(" read")
+                      and not r.get("suspect")), None)
+    if hier and main_read:
+        llc = max((c for _, c in hier["all_cores"]["cache_capacities"]), default=0)
+        curve = [[p["working_set_bytes"], p["bytes_per_s"]["median"]]
+                 for p in hier["all_cores"]["points"] if p["working_set_bytes"] <= 4 * llc]
+        curve.append([max(16 * llc, (curve or [[0]])[-1][0] * 2), main_read["value"]])
+        caps = hier["all_cores"]["cache_capacities"]
+    mr = peaks.get("main_roofs") or {}
+    return {"machine": peaks["machine"], "roofs": roofs, "cache_capacities": caps,
+            "curve": curve, "overhead": peaks.get("overhead"),
+            "probe_bytes": (peaks.get("plan") or {}).get("probe_bytes"),
+            "probe_reference": {"read_bytes_per_s": (mr.get("probe") or {}).get("value"),
+                                "gemm_flops_per_s": (mr.get("probe_gemm") or {}).get("value")}}
+
+
+def make_probe(inputs: dict):
+    """The drift probe the roof rounds were taken with (None when the peaks had no rounds)."""
+    if not inputs.get("probe_bytes") or not inputs["probe_reference"].get("read_bytes_per_s"):
+        return None
+    import jax.numpy as jnp
+
+    from microbench import probe
+
+    return probe.Probe(jnp.asarray(probe.host_array(inputs["probe_bytes"] // 4)))
+
+
+def drift_factors(before: dict | None, after: dict | None, reference: dict) -> dict:
+    """Probe now / probe during the rounds, averaged over before and after the point."""
+    out = {"memory": 1.0, "compute": 1.0, "before": before, "after": after}
+    probes = [p for p in (before, after) if p]
+    for key, ref_key, name in (("read_bytes_per_s", "read_bytes_per_s", "memory"),
+                               ("gemm_flops_per_s", "gemm_flops_per_s", "compute")):
+        ref = reference.get(ref_key)
+        if probes and ref:
+            out[name] = sum(p[key] for p in probes) / len(probes) / ref
+    return out
+
+
+def _llc(inputs: dict) -> float:
+    return max((c for _, c in inputs.get("cache_capacities") or []), default=0.0)
+
+
+def predict(flops: float, nbytes: float, compute: dict, memory: dict,
+            floor_s: float = 0.0) -> dict:
+    """Roofline time of a phase: the slower of its compute and memory times, plus the floor.
+    `memory` is a roof-like {name, level, value}."""
     t_compute, t_memory = flops / compute["value"], nbytes / memory["value"]
-    t = max(t_compute, t_memory)
-    return {"time_s": t, "bound": "compute" if t_compute >= t_memory else "memory",
-            "t_compute_s": t_compute, "t_memory_s": t_memory,
-            "compute_roof": compute["name"], "compute_flops_per_s": compute["value"],
-            "memory_level": memory["level"], "memory_bytes_per_s": memory["value"],
-            "flops_per_s": flops / t if t else None}
+    t_roof = max(t_compute, t_memory)
+    t = floor_s + t_roof
+    bound = "compute" if t_compute >= t_memory else "memory"
+    if floor_s > t_roof:
+        bound = "overhead"
+    return {"time_s": t, "bound": bound, "t_compute_s": t_compute, "t_memory_s": t_memory,
+            "floor_s": floor_s, "compute_roof": compute["name"],
+            "compute_flops_per_s": compute["value"], "memory_level": memory["level"],
+            "memory_bytes_per_s": memory["value"], "flops_per_s": flops / t if t else None}
+
+
+def _memory_at(inputs: dict, working_set: float, m: float) -> dict:
+    """Roof-like bandwidth for a working set: the curve (x drift beyond the LLC), else the
+    level that holds it."""
+    roofs = inputs["roofs"]
+    if inputs.get("curve"):
+        bw = roofline.curve_bandwidth(inputs["curve"], working_set)
+        beyond = working_set > _llc(inputs)
+        main = next(r for r in roofs["memory"] if r["level"].endswith(" read"))
+        level = main["level"] if beyond else "cache (working-set curve)"
+        return {"name": f"working-set curve at {working_set / 2**20:.1f} MiB", "level": level,
+                "value": bw * (m if beyond else 1.0), "spread": roofline.spread(main)}
+    roof = memory_level(roofs, inputs.get("cache_capacities") or [], working_set)
+    beyond = working_set > _llc(inputs)  # drift is main memory's: caches are not scaled
+    return {**roof, "value": roof["value"] * (m if beyond else 1.0),
+            "spread": roofline.spread(roof)}
 
 
 def measure_point(phases: refmodel.Phases, phase: str, batch: int, context: int,
-                  peaks: dict | None, timing: Budget = Budget(), label: str | None = None
-                  ) -> dict:
-    """Time one phase at (batch, context) and put it beside its counted and predicted cost."""
+                  peaks: dict | None, timing: Budget = Budget(), label: str | None = None,
+                  probe=None, explain_outside: bool = False) -> dict:
+    """Time one phase at (batch, context) and put it beside its counted and predicted cost.
+    With a `probe` (microbench.probe.Probe), the roofs are scaled to this moment's drift; with
+    `explain_outside`, a point outside the band gets a per-op breakdown (attach_breakdown)."""
     cfg = phases.cfg
     counted = costs.phase_costs(cfg, phase, batch, context)
     args = phases.example_args(phase, batch, context, fill=True)
     donate, carry = donation(phase)
     compiled = phases.jitted[phase].lower(*args).compile()  # the callable the check lowers
+    before = probe.measure() if probe is not None else None
     t = harness.time_fn(compiled, *args, donate_argnums=donate, carry=carry,
                         budget_s=timing.budget_s, min_samples=timing.min_samples,
                         target_cv=timing.target_cv, min_sample_s=timing.min_sample_s)
+    after = probe.measure() if probe is not None else None
     tokens = batch * (context if phase == "prefill" else 1)
     point = {
         "label": label or describe(cfg), "model": cfg.name, "attention": cfg.attention,
@@ -111,20 +205,119 @@ def measure_point(phases: refmodel.Phases, phase: str, batch: int, context: int,
         "bytes_per_s": harness.rates(counted["bytes"], t),
         "tokens_per_s": harness.rates(tokens, t),
         "working_set_bytes": working_set_bytes(cfg, phase, batch, context, counted),
+        "kernels": overhead.count_kernels(compiled)["kernels"],
     }
+    del args, compiled
     if peaks is not None:
-        attach_prediction(point, peaks)
+        inputs = prediction_inputs(peaks)
+        llc = _llc(inputs)
+        point["timed"] = (
+            f"warm: working set {point['working_set_bytes'] / 2**20:.1f} MiB fits the "
+            f"{llc / 2**20:.0f} MiB last-level cache, so repeated calls find it cached"
+            if point["working_set_bytes"] <= llc else
+            f"cold: working set {point['working_set_bytes'] / 2**20:.1f} MiB exceeds the "
+            f"{llc / 2**20:.0f} MiB last-level cache; it streams from main memory every call")
+        factors = drift_factors(before, after, inputs["probe_reference"])
+        point["drift"] = factors
+        attach_prediction(point, inputs, factors)
+        if explain_outside and "outside_reason" in point:
+            attach_breakdown(point, phases, inputs)
     return point
 
 
-def attach_prediction(point: dict, peaks: dict) -> dict:
-    """Add `predicted` and `measured_over_predicted` from a peaks result's roofs."""
-    roofs = peaks["roofs"]
-    capacities = peaks.get("sweep", {}).get("cache_capacities") or []
-    mem = memory_level(roofs, capacities, point["working_set_bytes"])
-    pred = predict(point["flops"], point["bytes"], compute_roof(roofs, point["dtype"]), mem)
+def attach_prediction(point: dict, peaks: dict, factors: dict | None = None) -> dict:
+    """Add `predicted`, `measured_over_predicted`, the suspect flag and, outside the band,
+    `outside_reason`, from a peaks result (or its prediction_inputs)."""
+    inputs = prediction_inputs(peaks)
+    factors = factors or {"memory": 1.0, "compute": 1.0}
+    comp = compute_roof(inputs["roofs"], point["dtype"])
+    comp_now = {**comp, "value": comp["value"] * factors["compute"]}
+    mem = _memory_at(inputs, point["working_set_bytes"], factors["memory"])
+    oh = inputs.get("overhead")
+    floor = overhead.floor_s(oh, point.get("kernels", 0)) if oh else 0.0
+    pred = predict(point["flops"], point["bytes"], comp_now, mem, floor)
+    pred["drift"] = {k: factors[k] for k in ("memory", "compute")}
     point["predicted"] = pred
-    point["measured_over_predicted"] = pred["time_s"] / point["timing"]["median"]
+    ratio = pred["time_s"] / point["timing"]["median"]
+    point["measured_over_predicted"] = ratio
+    spread = roofline.spread(comp) if pred["bound"] == "compute" else mem["spread"]
+    if ratio > 1.0 + spread + roofline.spread(point["flops_per_s"]):
+        point["suspect"], point["reason"] = True, (
+            f"measured {1 / ratio:.2f}x the predicted time: faster than its roof beyond the "
+            f"spreads; the working set may be cached more than assumed, or a count is wrong")
+    else:
+        point["suspect"], point["reason"] = False, None
+    if not BAND[0] <= ratio <= BAND[1]:
+        point["outside_reason"] = explain(point, inputs)
+    else:
+        point.pop("outside_reason", None)
+    return point
+
+
+def explain(point: dict, inputs: dict) -> str:
+    """A measured reason for a point outside the band, from numbers in this run: the floor's
+    share, the compiler-reachable roofs (roofs.compiler), the slowest op when a breakdown was
+    measured (point["breakdown"])."""
+    pred, ratio = point["predicted"], point["measured_over_predicted"]
+    t = point["timing"]["median"]
+    parts = []
+    if pred["floor_s"] > 0.3 * t:
+        parts.append(f"per-call floor {pred['floor_s'] * 1e6:.0f} us ({point.get('kernels', 0)} "
+                     f"kernels) is {pred['floor_s'] / t:.0%} of the measured {t * 1e6:.0f} us")
+    compiler = {r.get("level", r.get("dtype")): r for r in inputs["roofs"].get("compiler", [])}
+    if pred["bound"] == "memory" and pred["memory_level"] in compiler:
+        c = compiler[pred["memory_level"]]
+        t_c = pred["floor_s"] + point["bytes"] / c["value"]
+        parts.append(f"XLA's own {c['name']} reaches {c['value'] / 1e9:.1f} GB/s against the "
+                     f"roof's {pred['memory_bytes_per_s'] / 1e9:.1f}: against it measured/"
+                     f"predicted = {t_c / t:.2f}")
+    if pred["bound"] == "compute" and point["dtype"] in compiler:
+        c = compiler[point["dtype"]]
+        t_c = pred["floor_s"] + point["flops"] / c["value"]
+        parts.append(f"XLA's own {c['name']} reaches {c['value'] / 1e9:.0f} GFLOP/s against "
+                     f"the roof's {pred['compute_flops_per_s'] / 1e9:.0f}: against it measured/"
+                     f"predicted = {t_c / t:.2f}")
+    top = (point.get("breakdown") or {}).get("top")
+    if top:
+        parts.append(f"slowest op {top['op']}: {top['time_s'] * 1e3:.2f} ms "
+                     f"({top['share']:.0%} of the call) at {top['achieved']}")
+    if ratio > BAND[1]:
+        parts.append(f"measured {ratio:.2f}x faster than predicted" + (
+            ": part of the working set stays cached between calls"
+            if point.get("timed", "").startswith("warm") else ""))
+    return "; ".join(parts) or f"unexplained: measured/predicted {ratio:.2f}"
+
+
+def attach_breakdown(point: dict, phases: refmodel.Phases, peaks: dict) -> dict:
+    """For a point outside the band: measure where its time goes (microbench.breakdown, a
+    profiler trace of a few calls), keep the slowest op with its achieved rate against the
+    roof it runs under, and rewrite `outside_reason` with it."""
+    from microbench import breakdown
+
+    inputs = prediction_inputs(peaks)
+    bd = breakdown.measure_breakdown(phases, point["phase"], point["batch"], point["context"],
+                                     calls=2, timing=Budget(budget_s=0.2, min_samples=3))
+    rows = [r for r in bd["rows"] if r["time_s"] > 0]
+    top = rows[0]
+    pred = point["predicted"]
+    ridge_x = pred["compute_flops_per_s"] / max(pred["memory_bytes_per_s"], 1.0)
+    if top["intensity"] and top["intensity"] >= ridge_x and top["gflops_per_s"]:
+        achieved = (f"{top['gflops_per_s']:.1f} GFLOP/s = "
+                    f"{top['gflops_per_s'] * 1e9 / pred['compute_flops_per_s']:.2f} of the "
+                    f"compute roof")
+    elif top["gbytes_per_s"]:
+        achieved = (f"{top['gbytes_per_s']:.1f} GB/s = "
+                    f"{top['gbytes_per_s'] * 1e9 / pred['memory_bytes_per_s']:.2f} of the "
+                    f"memory roof")
+    else:
+        achieved = "no counted cost (layout or fused code)"
+    point["breakdown"] = {
+        "top": {"op": top["op"], "time_s": top["time_s"], "share": top["share"],
+                "achieved": achieved},
+        "rows": [{k: r[k] for k in ("op", "time_s", "share", "gflops_per_s", "gbytes_per_s")}
+                 for r in rows],
+        "unattributed_share": bd["unattributed_share"], "method": bd["method"]}
+    point["outside_reason"] = explain(point, inputs)
     return point
 
 

@@ -25,7 +25,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from microbench.harness import readable  # noqa: E402
+from microbench.files import readable  # noqa: E402
+from microbench.roofline import main_memory_name, ridge  # noqa: E402
 from microbench.schema import KIND_PEAKS, validate_result  # noqa: E402
 
 # ------------------------------------------------------------------ shared style helpers
@@ -101,11 +102,19 @@ def _roof_ends(memory: list[dict], compute: list[dict]):
     return bw_max, flops_max
 
 
+def _by(roof: dict) -> str:
+    """', reached by <program>' for a measured roof that names its program."""
+    prog = roof.get("program")
+    return f" ({prog})" if prog else ""
+
+
 def _draw_compute(ax, roof: dict, bw_max, color, prefix: str, dashed: bool = False):
     x0 = max(X_RANGE[0], roof["value"] / bw_max) if bw_max else X_RANGE[0]
     kind = roof.get("label_kind", "ceiling") if dashed else "measured"
     ax.hlines(roof["value"], x0, X_RANGE[1], colors=[color], linestyles="--" if dashed else "-",
-              label=f"{prefix}{kind} {roof['name']}: {fmt_si(roof['value'], 'FLOP/s')}")
+              label=f"{prefix}{kind} {roof['name']}: {fmt_si(roof['value'], 'FLOP/s')}"
+                    f"{_by(roof)}")
+
     if not dashed:
         ax.fill_between([x0, X_RANGE[1]], roof["p10"], roof["p90"], color=color, alpha=0.15,
                         lw=0)
@@ -117,7 +126,12 @@ def _draw_memory(ax, roof: dict, flops_max, color, prefix: str, dashed: bool = F
     kind = roof.get("label_kind", "ceiling") if dashed else "measured"
     ax.plot(xs, [roof["value"] * x for x in xs], color=color, ls="--" if dashed else "-",
             lw=1.6, label=f"{prefix}{kind} {roof['name']} bandwidth: "
-                          f"{fmt_si(roof['value'], 'B/s')}")
+                          f"{fmt_si(roof['value'], 'B/s')}{_by(roof)}")
+    if not dashed:
+        ax.annotate(f"{roof['name']} {fmt_si(roof['value'], 'B/s')}",
+                    (X_RANGE[0] * 1.1, roof["value"] * X_RANGE[0] * 1.1),
+                    textcoords="offset points", xytext=(2, 4), fontsize=8, color=color,
+                    rotation=0)
     if not dashed:
         ax.fill_between(xs, [roof["p10"] * x for x in xs], [roof["p90"] * x for x in xs],
                         color=color, alpha=0.12, lw=0)
@@ -143,14 +157,36 @@ def _spec_roofs(spec: dict | None) -> tuple[list[dict], list[dict]]:
 
 
 def _draw_ridges(ax, compute: list[dict], memory: list[dict], color, main: str):
-    main_roof = next((r for r in memory if r["level"] == main), None)
-    if main_roof is None:
+    """The matrix roof of float32 over main memory's read-only and read+write roofs, each
+    labelled with the two roofs it divides (roofline.ridge, the one place ridges are made)."""
+    gemm = next((r for r in compute if r["name"] == "GEMM float32"), None)
+    if gemm is None:
         return
-    for n, roof in enumerate(sorted(compute, key=lambda r: r["value"])):
-        x = roof["value"] / main_roof["value"]
-        ax.plot([x], [roof["value"]], marker="D", ms=7, color=color, mec="black", zorder=5)
-        ax.annotate(f"ridge {x:.3g} FLOP/B", (x, roof["value"]), textcoords="offset points",
-                    xytext=(8, -16 if n % 2 == 0 else 6), fontsize=9)
+    mains = [r for r in memory if r["level"].split()[0] == main]
+    for n, mem in enumerate(mains):
+        rd = ridge(gemm, mem)
+        x = rd["flops_per_byte"]
+        ax.plot([x], [gemm["value"]], marker="D", ms=7, color=color, mec="black", zorder=5)
+        ax.annotate(rd["label"], (x, gemm["value"]), textcoords="offset points",
+                    xytext=(8, -16 - 12 * n), fontsize=8.5)
+
+
+def _draw_compiler(ax, result: dict, prefix: str, flops_max: float | None):
+    """What XLA itself reaches (roofs.compiler): thin dotted grey lines, never roofs."""
+    for r in result["roofs"].get("compiler", []):
+        if r["kind"] == "compute":
+            ax.hlines(r["value"], X_RANGE[0], X_RANGE[1], colors=["0.45"], linestyles=":",
+                      lw=1.2)
+        else:
+            end = min(X_RANGE[1], flops_max / r["value"]) if flops_max else X_RANGE[1]
+            xs = [X_RANGE[0], end]
+            ax.plot(xs, [r["value"] * x for x in xs], color="0.45", ls=":", lw=1.2)
+    unit = {"compute": "FLOP/s", "memory": "B/s"}
+    names = ", ".join(f"{r['name']} {fmt_si(r['value'], unit[r['kind']])}"
+                      for r in result["roofs"].get("compiler", [])[:3])
+    if names:
+        ax.plot([], [], color="0.45", ls=":", lw=1.2,
+                label=f"{prefix}compiler level, not a roof: {names}")
 
 
 def _draw_intensity(ax, result: dict, color, prefix: str):
@@ -182,6 +218,10 @@ def _suspects(result: dict) -> list[tuple[float, float, str]]:
     for r in result["roofs"]["compute"] + result["roofs"]["memory"]:
         if r["suspect"]:
             out.append((1.0 if r["kind"] == "memory" else X_RANGE[1] / 2, r["value"], r["name"]))
+    for metric, block in (result.get("main_roofs") or {}).items():
+        ours = block.get("ours")
+        if block.get("suspect") and ours and metric != "gemm_float32":
+            out.append((1.0, ours["median"], ours["program"]))
     return out
 
 
@@ -199,15 +239,16 @@ def _draw_one(ax, result: dict, i: int, color_of, prefix: str):
         for roof in roofs_:
             draw(ax, roof, end, color_of(i, j), prefix, dashed=dashed)
             j += 1
-    main = "DRAM" if result["environment"]["backend"] == "cpu" else "HBM"
+    main = main_memory_name(result["environment"])
     _draw_ridges(ax, compute, memory, color_of(i, 0), main)
+    _draw_compiler(ax, result, prefix, flops_max)
     _draw_intensity(ax, result, color_of(i, j), prefix)
     bad = _suspects(result)
     if bad:
         ax.scatter([b[0] for b in bad], [b[1] for b in bad], marker="X", s=120,
                    color=SUSPECT_COLOR, zorder=6, edgecolors="black",
-                   label=f"{prefix}SUSPECT: above the ceiling = measurement error, not a roof "
-                         f"({len(bad)})")
+                   label=f"{prefix}SUSPECT: above a ceiling, a peer or a roof = a measurement "
+                         f"to explain, not a roof ({len(bad)})")
 
 
 @styled
@@ -216,7 +257,7 @@ def roofline_figure(results: Sequence[dict], title: str | None = None) -> Figure
     results = [r for r in results if r.get("kind", KIND_PEAKS) == KIND_PEAKS]
     if not results:
         raise ValueError("no peaks result among the files (kind 'microbench.peaks')")
-    fig, ax = new_figure()
+    fig, ax = new_figure(13.0, 10.0)
     color_of = _colors(len(results))
     for i, result in enumerate(results):
         prefix = f"[{result['machine']}] " if len(results) > 1 else ""
@@ -224,16 +265,118 @@ def roofline_figure(results: Sequence[dict], title: str | None = None) -> Figure
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlim(*X_RANGE)
+    tops = [r["value"] for res in results for r in res["roofs"]["compute"]]
+    tops += [v for res in results for v in ((res.get("spec") or {}).get("peak_flops") or {})
+             .values()]
+    bottoms = [r["value"] * X_RANGE[0] for res in results for r in res["roofs"]["memory"]]
+    if tops and bottoms:
+        ax.set_ylim(min(bottoms) / 2, max(tops) * 3)
     ax.set_xlabel("Arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("Performance (FLOP / s)")
     names = "; ".join(f"{r['machine']} ({r['environment'].get('date_utc', '?')[:10]})"
                       for r in results)
     fig.suptitle(title or f"Roofline measured on {names}", fontsize=14)
-    ax.set_title("Solid: measured roofs (median, shaded p10-p90).  Dashed: vendor or theoretical "
-                 "ceilings.\nDiamonds: ridge points against main memory.  Bytes are "
-                 "algorithmic (no write-allocate).", fontsize=10)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False)
+    ax.set_title("Solid: measured roofs, the best program of each (median over rounds, shaded "
+                 "spread).  Dashed: vendor or theoretical ceilings.\nDotted grey: what XLA "
+                 "itself reaches.  Diamonds: ridge points against main memory.  Bytes are "
+                 "algorithmic.", fontsize=10)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False,
+              fontsize=8)
     return fig
+
+
+# ------------------------------------------------------------------ hierarchy and drift
+
+def _series(ax, series: dict, color, label: str, marker: str):
+    pts = series["points"]
+    xs = [p["working_set_bytes"] for p in pts]
+    ys = [p["bytes_per_s"]["median"] for p in pts]
+    lo = [p["bytes_per_s"]["p10"] for p in pts]
+    hi = [p["bytes_per_s"]["p90"] for p in pts]
+    ax.plot(xs, ys, marker=marker, ms=4, color=color, label=label)
+    ax.fill_between(xs, lo, hi, color=color, alpha=0.15, lw=0)
+
+
+@styled
+def hierarchy_figure(results: Sequence[dict], title: str | None = None) -> Figure:
+    """Left: read bandwidth vs working set at a fixed thread count (native all-core and
+    one-core series, XLA's own sweep), the OS cache sizes, the plateaus named as levels and
+    main memory's roofs, violations of L1 >= L2 >= L3 >= main memory in red. Right: each main
+    roof's programs round by round (the drift of the machine during the run)."""
+    result = next((r for r in results if r.get("kind", KIND_PEAKS) == KIND_PEAKS), None)
+    if result is None:
+        raise ValueError("no peaks result among the files (kind 'microbench.peaks')")
+    fig = Figure(figsize=(15, 6.8), layout="constrained")
+    ax, ax2 = fig.subplots(1, 2, width_ratios=[1.4, 1])
+    hier = result.get("hierarchy")
+    if hier:
+        _series(ax, hier["all_cores"], PALETTE[0], hier["all_cores"]["program"], "o")
+        _series(ax, hier["single_core"], PALETTE[1], hier["single_core"]["program"], "s")
+        bad = {c["larger"] for c in hier.get("checks", []) if not c["ok"]}
+        for q in hier["all_cores"]["plateaus"]:
+            color = SUSPECT_COLOR if q["name"] in bad else "black"
+            ax.hlines(q["bytes_per_s"], q["lo_bytes"], q["hi_bytes"], colors=[color], lw=3)
+            ax.annotate(f"{q['name']} {fmt_si(q['bytes_per_s'], 'B/s')}"
+                        + (" VIOLATES the hierarchy" if q["name"] in bad else ""),
+                        (q["lo_bytes"], q["bytes_per_s"]), textcoords="offset points",
+                        xytext=(0, 6), fontsize=9, color=color)
+        for name, cap in hier["all_cores"]["cache_capacities"]:
+            ax.axvline(cap, color="0.5", ls="--", lw=1)
+            ax.annotate(f"{name} {cap / 2**20:.3g} MiB (all cores)", (cap, ax.get_ylim()[0]),
+                        rotation=90, fontsize=8, color="0.4", xytext=(-10, 10),
+                        textcoords="offset points")
+    sweep = result["sweep"]["points"]
+    ax.plot([p["working_set_bytes"] for p in sweep],
+            [p["bytes_per_s"]["median"] for p in sweep], ":", color="0.45",
+            label="XLA in-place scale sweep (compiler level; read + write bytes)")
+    for r in result["roofs"]["memory"]:
+        if r["level"].split()[0] in ("DRAM", "HBM") and not r.get("suspect"):
+            ax.axhline(r["value"], color=PALETTE[3] if "read" in r["level"] else PALETTE[2],
+                       lw=1.2, label=f"{r['name']} roof {fmt_si(r['value'], 'B/s')} "
+                                     f"({r.get('program', r['source'])})")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("Working set (bytes)")
+    ax.set_ylabel("Bandwidth (bytes / s, algorithmic)")
+    checks = (hier or {}).get("checks", [])
+    verdict = ("no hierarchy series (no C compiler)" if not hier else
+               "L1 >= L2 >= L3 >= main memory holds" if all(c["ok"] for c in checks) else
+               "hierarchy VIOLATED: " + "; ".join(c["smaller"] + " < " + c["larger"]
+                                                  for c in checks if not c["ok"]))
+    ax.set_title(f"Read bandwidth per level at a fixed thread count: {verdict}", fontsize=11)
+    ax.legend(loc="lower left", fontsize=8.5, frameon=False)
+    _drift_panel(ax2, result)
+    fig.suptitle(title or f"Memory hierarchy and drift: {result['machine']} "
+                 f"({result['environment'].get('date_utc', '?')[:10]})", fontsize=14)
+    return fig
+
+
+def _drift_panel(ax, result: dict) -> None:
+    rounds = result.get("rounds") or []
+    if not rounds:
+        ax.set_axis_off()
+        ax.set_title("no rounds in this result", fontsize=11)
+        return
+    t0 = rounds[0]["t_start"]
+    programs: dict[str, list] = {}
+    for rnd in rounds:
+        for p in rnd["programs"]:
+            if p["metric"] in ("main_read", "main_rw", "gemm_float32"):
+                programs.setdefault((p["metric"], p["program"]), []).append(
+                    (rnd["t_start"] - t0, p["value"]))
+    spreads = []
+    for j, ((metric, prog), pts) in enumerate(sorted(programs.items())):
+        vals = [v for _, v in pts]
+        med = sorted(vals)[len(vals) // 2]
+        spreads.append((max(vals) - min(vals)) / med)
+        ax.plot([t for t, _ in pts], [v / med for v in vals], "o-", ms=4,
+                color=PALETTE[j % len(PALETTE)], label=f"{metric}: {prog}"[:70])
+    ax.axhspan(0.9, 1.1, color="0.85", zorder=0, label="+/-10% (the 'unstable' limit)")
+    ax.set_xlabel("Seconds since the first round")
+    ax.set_ylabel("Value / its median over the rounds")
+    ax.set_title(f"Drift across {len(rounds)} interleaved rounds: largest program spread "
+                 f"{max(spreads):.0%}", fontsize=11)
+    ax.legend(fontsize=7, frameon=False, loc="best")
 
 
 # ------------------------------------------------------------------ the figure table
@@ -247,7 +390,8 @@ from microbench.plot_phases import (  # noqa: E402  (they use the helpers above)
     throughput_figure,
 )
 
-FIGURES = {"roofline": roofline_figure, "phases_roofline": phases_roofline_figure,
+FIGURES = {"roofline": roofline_figure, "hierarchy": hierarchy_figure,
+           "phases_roofline": phases_roofline_figure,
            "batch": batch_figure, "throughput": throughput_figure,
            "crossover": crossover_figure, "kv_cache": kv_figure, "gap": gap_figure}
 

@@ -167,13 +167,21 @@ def validate_result(obj) -> dict:
 #     model    {preset, params, dtype, config}
 #     peaks    {machine, roofs: {compute, memory}, cache_capacities: [[level, bytes], ...]}
 #     plan     the sweep plan (microbench.sweeps.PhasePlan)
-#     points   [point]: {sweep, variant, label, phase, batch, context, tokens, dtype,
+#     points   [point]: {sweep, sweeps?, variant, label, phase, batch, context, tokens, dtype,
 #              flops, bytes, weight_bytes, kv_bytes, act_bytes, intensity, ops: {op: counts},
 #              timing, flops_per_s, bytes_per_s, tokens_per_s, working_set_bytes,
 #              predicted: {time_s, bound, memory_level, flops_per_s, ...} | absent,
 #              measured_over_predicted}
 #     modelled {throughput: [...], crossover: [...], kv: [...]}  (refmodel.costs on spec devices)
 #     report   null, or the speed report (microbench.report.measure_report)
+#
+# A point is measured once per run and shared by every sweep that uses it: `sweeps` (optional,
+# a list holding `sweep` first) names them all; a file without it has one point per sweep.
+
+
+def point_sweeps(point: dict) -> list[str]:
+    """Every sweep a phase point belongs to (`sweeps`, or the single `sweep` of older files)."""
+    return point.get("sweeps") or [point["sweep"]]
 
 
 def _point(p, path: str):
@@ -182,6 +190,12 @@ def _point(p, path: str):
         value = _require(p, path, key)
         if value not in allowed:
             _fail(f"{path}.{key}", value, f"one of {list(allowed)}")
+    if "sweeps" in p:
+        _check(path + ".sweeps", p["sweeps"], "list")
+        if not p["sweeps"] or p["sweeps"][0] != p["sweep"] or \
+                any(s not in SWEEPS for s in p["sweeps"]):
+            _fail(path + ".sweeps", p["sweeps"], f"a list of {list(SWEEPS)} starting with "
+                  f"sweep={p['sweep']!r}")
     _check(path + ".variant", _require(p, path, "variant"), "str")
     _check(path + ".batch", _require(p, path, "batch"), "int", positive=True)
     _check(path + ".context", _require(p, path, "context"), "int")

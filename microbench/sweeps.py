@@ -17,12 +17,13 @@ Everything lands in one result object (schema.KIND_PHASES) that the figures are 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable
 
 import refmodel
 from microbench import hardware
 from microbench.phases import Budget, measure_point
-from refmodel import costs
+from refmodel import costing, costs
 
 VARIANTS: dict[str, dict] = {
     "mha": dict(attention="mha"),
@@ -63,37 +64,82 @@ def config(plan: PhasePlan, variant: str) -> refmodel.ModelConfig:
     return dataclasses.replace(refmodel.presets.get(plan.model), **VARIANTS[variant])
 
 
-def jobs(plan: PhasePlan) -> list[tuple[str, str, str, int, int]]:
-    """(sweep, variant, phase, batch, context) of every point, grouped by variant so each
-    model is built once."""
-    out = []
-    for v in plan.variants:
-        out.append(("roofline", v, "prefill", 1, plan.prefill_len))
-        out += [("roofline", v, p, 1, plan.context) for p in refmodel.PHASES[1:]]
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One point to measure, and every sweep that uses it (`sweeps[0]` is the first).
+
+    Iterates as the old tuple (sweep, variant, phase, batch, context) with the first sweep;
+    `tags()` is what a measured point carries: {"sweep": first, "sweeps": [all]}."""
+
+    sweeps: tuple[str, ...]
+    variant: str
+    phase: str
+    batch: int
+    context: int
+
+    @property
+    def sweep(self) -> str:
+        return self.sweeps[0]
+
+    def tags(self) -> dict:
+        return {"sweep": self.sweeps[0], "sweeps": list(self.sweeps)}
+
+    def __iter__(self):
+        return iter((self.sweep, self.variant, self.phase, self.batch, self.context))
+
+
+def effective_context(phase: str, context: int) -> int:
+    """The context a phase's work depends on: none for decode_ffn (it sees one token per
+    sequence and no cache), the given one otherwise."""
+    return 0 if phase == "decode_ffn" else context
+
+
+def jobs(plan: PhasePlan) -> list[Job]:
+    """Every point of the plan, each unique (variant, phase, batch, effective context) once,
+    with the sweeps that use it; grouped by variant so each model is built once.
+
+    The same decode-FFN work at a given (variant, batch) appears in the batch, context and
+    roofline sweeps; timing it once per run keeps one number per piece of work (copies of it
+    varied 4.6-6.2 ms in one run on a shared machine)."""
+    wanted = []
     for v in ("gqa", "gqa moe"):
         for b in plan.batches:
-            out += [("batch", v, "decode_ffn", b, plan.context),
-                    ("batch", v, "decode", b, plan.context)]
+            wanted += [("batch", v, "decode_ffn", b, plan.context),
+                       ("batch", v, "decode", b, plan.context)]
     for v in plan.context_variants:
-        out.append(("context", v, "decode_ffn", plan.context_batch, 0))
-        out += [("context", v, "decode_attention", plan.context_batch, c)
-                for c in plan.contexts]
+        wanted.append(("context", v, "decode_ffn", plan.context_batch, plan.context))
+        wanted += [("context", v, "decode_attention", plan.context_batch, c)
+                   for c in plan.contexts]
+    for v in plan.variants:
+        wanted.append(("roofline", v, "prefill", 1, plan.prefill_len))
+        wanted += [("roofline", v, p, 1, plan.context) for p in refmodel.PHASES[1:]]
+    shared: dict[tuple, dict] = {}
+    for sweep, v, phase, b, c in wanted:
+        key = (v, phase, b, effective_context(phase, c))
+        job = shared.setdefault(key, {"sweeps": [], "context": c})
+        if sweep not in job["sweeps"]:
+            job["sweeps"].append(sweep)
     order = {v: i for i, v in enumerate(VARIANTS)}
-    return sorted(out, key=lambda j: order[j[1]])
+    out = [Job(tuple(j["sweeps"]), v, phase, b, j["context"])
+           for (v, phase, b, _), j in shared.items()]
+    return sorted(out, key=lambda j: order[j.variant])
 
 
-def measure(plan: PhasePlan, peaks: dict | None, progress: bool = True) -> list[dict]:
-    """Every measured point of the plan, each tagged with its sweep and variant."""
+def measure(plan: PhasePlan, peaks: dict | None, progress: bool = True,
+            probe=None, explain_outside: bool = False) -> list[dict]:
+    """Every measured point of the plan, each tagged with its sweep and variant; with a
+    drift `probe` (microbench.probe.Probe) each point is predicted with its moment's roofs."""
     from tqdm import tqdm
 
     points, current, phases = [], None, None
-    for sweep, variant, phase, batch, context in tqdm(jobs(plan), desc="phases",
-                                                      disable=not progress, unit="pt"):
-        if variant != current:
-            phases = refmodel.Phases(refmodel.init(config(plan, variant), seed=0))
-            current = variant
-        point = measure_point(phases, phase, batch, context, peaks, plan.timing, label=variant)
-        points.append({"sweep": sweep, "variant": variant, **point})
+    for job in tqdm(jobs(plan), desc="phases", disable=not progress, unit="pt"):
+        if job.variant != current:
+            phases = refmodel.Phases(refmodel.init(config(plan, job.variant), seed=0))
+            current = job.variant
+        point = measure_point(phases, job.phase, job.batch, job.context, peaks, plan.timing,
+                              label=job.variant, probe=probe,
+                              explain_outside=explain_outside)
+        points.append({**job.tags(), "variant": job.variant, **point})
     return points
 
 
@@ -101,51 +147,84 @@ def measure(plan: PhasePlan, peaks: dict | None, progress: bool = True) -> list[
 
 def step_time(cfg, device: hardware.Device, phase: str, batch: int, context: int,
               dtype: str = "bfloat16") -> dict:
-    """Roofline time of one phase of a real preset on a spec device (weights and KV in dtype)."""
+    """Roofline time of one phase of a real preset on a spec device (weights and KV in dtype).
+
+    `bound` names the roof that sets the time ("compute" or "memory"); `memory_by` names the
+    largest of the bytes moved (weights, KV cache, activations), what a memory-bound step
+    waits on."""
     c = costs.phase_costs(cfg, phase, batch, context, weight_dtype=dtype, kv_dtype=dtype,
-                          act_dtype=dtype)
+                          act_dtype=dtype, count="engine")  # what a real engine reads
     peak = device.peak_flops.get(dtype) or max(device.peak_flops.values())
     bw = device.memory_bandwidth[device.main_memory]
     t = max(c["flops"] / peak, c["bytes"] / bw)
+    moved = {"weights": c["weight_bytes"], "KV cache": c["kv_bytes"],
+             "activations": c["act_bytes"]}
     return {"time_s": t, "flops": c["flops"], "bytes": c["bytes"],
-            "bound": "compute" if c["flops"] / peak >= c["bytes"] / bw else "memory"}
+            "weight_bytes": c["weight_bytes"], "kv_bytes": c["kv_bytes"],
+            "bound": "compute" if c["flops"] / peak >= c["bytes"] / bw else "memory",
+            "memory_by": max(moved, key=moved.get)}
+
+
+def weight_fit(cfg, device: hardware.Device, dtype: str = "bfloat16") -> dict:
+    """The preset's weights (all parameters, in dtype) against one device's memory: how many
+    devices' worth of memory they need (1 when they fit one; None when memory is unknown)."""
+    weights = costs.param_counts(cfg)["total"] * costing.BYTES[dtype]
+    mem = device.memory_bytes
+    return {"weight_bytes": weights, "memory_bytes": mem, "weights_dtype": dtype,
+            "weight_devices": None if mem is None else max(1, math.ceil(weights / mem))}
 
 
 def modelled_throughput(preset: str, devices: Iterable[str], batches: Iterable[int],
                         context: int) -> list[dict]:
     """Tokens/s per system and per user of a decode step vs batch, with the batch at which
-    weights + KV cache stop fitting the device's memory marked."""
+    weights + KV cache stop fitting the device's memory marked, the roof that bounds each
+    point, and how many devices' worth of memory the weights alone need."""
     cfg, out = refmodel.presets.get(preset), []
-    weights = costs.param_counts(cfg)["total"] * 2
     for name in devices:
         dev = hardware.get(name)
+        fit = weight_fit(cfg, dev)
         for b in batches:
             t = step_time(cfg, dev, "decode", b, context)
             fits = dev.memory_bytes is None or \
-                weights + costs.kv_cache_bytes(cfg, context, b) <= dev.memory_bytes
+                fit["weight_bytes"] + costs.kv_cache_bytes(cfg, context, b) <= dev.memory_bytes
             out.append({"device": name, "preset": preset, "batch": b, "context": context,
-                        "step_s": t["time_s"], "bound": t["bound"],
+                        "step_s": t["time_s"], "bound": t["bound"], "memory_by": t["memory_by"],
                         "tokens_per_s_system": b / t["time_s"],
-                        "tokens_per_s_user": 1 / t["time_s"], "fits_memory": fits})
+                        "tokens_per_s_user": 1 / t["time_s"], "fits_memory": fits, **fit})
     return out
 
 
 def modelled_crossover(preset: str, device: str, batch: int, contexts: Iterable[int]
                        ) -> list[dict]:
-    """Decode attention vs decode FFN time vs context for a real preset on a spec device."""
+    """Decode attention vs decode FFN time vs context for a real preset on a spec device,
+    with the roof that bounds each."""
     cfg, dev = refmodel.presets.get(preset), hardware.get(device)
-    ffn = step_time(cfg, dev, "decode_ffn", batch, 0)["time_s"]
-    return [{"preset": preset, "device": device, "batch": batch, "context": c,
-             "attention_s": step_time(cfg, dev, "decode_attention", batch, c)["time_s"],
-             "ffn_s": ffn} for c in contexts]
+    ffn = step_time(cfg, dev, "decode_ffn", batch, 0)
+    out = []
+    for c in contexts:
+        att = step_time(cfg, dev, "decode_attention", batch, c)
+        out.append({"preset": preset, "device": device, "batch": batch, "context": c,
+                    "attention_s": att["time_s"], "attention_bound": att["bound"],
+                    "attention_memory_by": att["memory_by"], "ffn_s": ffn["time_s"],
+                    "ffn_bound": ffn["bound"], "ffn_memory_by": ffn["memory_by"],
+                    **weight_fit(cfg, dev)})
+    return out
 
 
-def modelled_kv(presets: Iterable[str], contexts: Iterable[int]) -> list[dict]:
-    """KV-cache bytes per sequence (bf16) vs context for real presets."""
-    contexts = list(contexts)
-    return [{"preset": p, "context": c,
-             "kv_bytes": costs.kv_cache_bytes(refmodel.presets.get(p), c, 1, "bfloat16")}
-            for p in presets for c in contexts]
+def modelled_kv(presets: Iterable[str], contexts: Iterable[int], device: str = "H100 SXM"
+                ) -> list[dict]:
+    """KV-cache bytes per sequence (bf16) vs context for real presets, with the bf16 weights
+    against one `device` and the dtype each release ships its weights in where it is not
+    bf16 (SHIPPED_DTYPES)."""
+    contexts, dev = list(contexts), hardware.get(device)
+    out = []
+    for p in presets:
+        cfg = refmodel.presets.get(p)
+        fit = {**weight_fit(cfg, dev), "device": device, "shipped_dtype": SHIPPED_DTYPES.get(p)}
+        out += [{"preset": p, "context": c,
+                 "kv_bytes": costs.kv_cache_bytes(cfg, c, 1, "bfloat16"), **fit}
+                for c in contexts]
+    return out
 
 
 MODEL_DEVICES = ("H100 SXM", "H200 SXM", "B200", "MI300X", "TPU v5e")
@@ -153,6 +232,11 @@ POWERS_OF_TWO = tuple(2**i for i in range(0, 10))
 LONG_CONTEXTS = tuple(2**i for i in range(8, 18))  # 256 .. 128K
 KV_PRESETS = ("llama3-70b", "llama3.1-405b", "deepseek-v3", "mistral-7b", "gemma3-27b",
               "gpt-oss-120b", "qwen3-next-80b-a3b", "nemotron-h-8b")
+# Releases whose weights ship in a narrower format than the bf16 the cost model counts here
+# (DeepSeek-V3 report, arXiv:2412.19437: FP8 training and release; gpt-oss model card,
+# arXiv:2508.10925: MoE weights in MXFP4).
+SHIPPED_DTYPES = {"deepseek-v3": "fp8", "gpt-oss-120b": "MXFP4 (MoE experts)",
+                  "gpt-oss-20b": "MXFP4 (MoE experts)"}
 
 
 def modelled() -> dict:

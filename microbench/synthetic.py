@@ -65,7 +65,8 @@ def result(machine: str = "synthetic machine", gemm_f32: float = 2e11, vector: f
            "gemm": [guard.flag_compute(e, sp) for e in gemm],
            "vector": [guard.flag_compute(e, sp) for e in vec],
            "bandwidth": [guard.flag_memory(e, sp, "DRAM") for e in stream],
-           "sweep": {"kernel": "synthetic", "points": sweep, "plateaus": [vars(q) for q in found]},
+           "sweep": {"kernel": "synthetic", "points": sweep, "plateaus": [vars(q) for q in found],
+                     "cache_capacities": [list(c) for c in CACHES]},
            "intensity": {"kernel": "synthetic", "points": ai_points}}
     res["roofs"] = peaks.derive_roofs(res, sp)
     return res

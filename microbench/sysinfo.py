@@ -118,6 +118,17 @@ def cache_sizes(root: Path = CPU_SYS / "cpu0" / "cache") -> list[dict]:
     return sorted(out, key=lambda c: c["level"])
 
 
+def mem_available_bytes(path: str | Path = "/proc/meminfo") -> float | None:
+    """MemAvailable from /proc/meminfo (bytes), or None where there is no such file."""
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def aggregate_cache_bytes(caches: list[dict], n_cpus: int) -> list[tuple[str, int]]:
     """[(name, bytes)] that n_cpus threads can hold together: a private cache counts once per
     core used, a shared one once per sharing group."""

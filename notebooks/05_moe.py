@@ -26,8 +26,8 @@
 #    E_\text{touched}(B) = E\left(1 - (1 - A/E)^B\right) $$
 #
 # (`refmodel.moe.expected_distinct_experts`): it tends to $BA/E$, i.e. $E/A$ times less than a
-# dense FFN at the same batch. To reach a ridge of ~300 FLOP/byte the batch must be $E/A$
-# times larger.
+# dense FFN at the same batch. To reach a ridge of a few hundred FLOP/byte (notebook 01) the
+# batch must be $E/A$ times larger.
 
 # %%
 # %matplotlib inline
@@ -135,10 +135,11 @@ print("active/total parameters match the model cards")
 # Counted for DeepSeek-V3 (E = 256, A = 8) in bf16: the routed experts' up and down
 # projections, against $BA/E_\text{touched}(B)$ (until, at batches of many thousands, the
 # activations' bytes start to rival the weights'). Then measured: the decode FFN of the
-# notebook's MoE model at a few batches. (On XLA:CPU, `jax.lax.ragged_dot` is lowered to a
-# dense dot over all $E$ experts, see `refmodel/check.py`: the CPU reads every expert whatever
-# the routing; a GPU or TPU grouped kernel reads only the touched ones, which is what the
-# count models.)
+# notebook's MoE model at a few batches. The model runs each expert on its own rows only
+# (`MoE.grouped_experts`: a loop per expert of ceil(rows / tile) trips, zero trips for an
+# expert no token chose), so, like a grouped GPU kernel, it reads only the touched experts,
+# which is what the count models. DeepSeek-V3 is counted in bf16, though its weights ship in
+# fp8: in fp8 every intensity below about doubles (the same FLOPs from half the weight bytes).
 
 # %%
 ds = refmodel.presets.get("deepseek-v3")
@@ -165,18 +166,21 @@ for B, p in moe_pts.items():
 
 # %%
 # CHECK: routed-expert intensity is B*A / E_touched(B) (within 10%: the activation function
-# adds FLOPs, the activations add bytes),
-# tending to B*A/E; measured points sit at their counted intensity.
+# adds FLOPs, the activations add bytes), tending to B*A/E; and (fails on a wrong
+# measurement) no measured point beats this CPU's theoretical float32 peak beyond its
+# spread, (p90 - p10) / median.
 for B, i in ds_int.items():
     touched = expected_distinct_experts(B, ds.n_experts, ds.top_k)
     np.testing.assert_allclose(i, B * ds.top_k / touched, rtol=0.1, err_msg=str(B))
 np.testing.assert_allclose(ds_int[4096], 4096 * ds.top_k / ds.n_experts, rtol=0.1)
 np.testing.assert_allclose(expected_distinct_experts(1, E, A), A)
-for B, p in moe_pts.items():
-    np.testing.assert_allclose(p["flops_per_s"]["median"] / p["bytes_per_s"]["median"],
-                               costs.phase_costs(cfg, "decode_ffn", B, 0)["intensity"],
-                               rtol=1e-9)
-print("expert intensity ~ B*A/E_touched")
+SPEC = hardware.device_for_environment(harness.environment())
+for p in moe_pts.values():
+    f = p["flops_per_s"]
+    if SPEC is not None and "float32" in SPEC.peak_flops:
+        assert f["median"] <= SPEC.peak_flops["float32"] * (1 + (f["p90"] - f["p10"])
+                                                            / f["median"]), p
+print("expert intensity ~ B*A/E_touched; measured points under the spec peak")
 
 # %% [markdown]
 # ## Step 4 · The batch that reaches the ridge
@@ -184,6 +188,13 @@ print("expert intensity ~ B*A/E_touched")
 # With the roofline model of a decode FFN step (`microbench.sweeps.step_time`, bf16 weights on
 # an H100), find the smallest batch at which the FFN becomes compute-bound, for a dense model
 # and for MoE models: the MoE needs about $E/A$ times the batch.
+#
+# Stated simplifications: none of these models' bf16 weights fits one H100 (80 GB) except
+# Qwen3-30B-A3B (printed below); the roofline of one H100 still gives the answer, because
+# split over $n$ chips (tensor or expert parallelism) each chip does $1/n$ of the FLOPs and
+# reads $1/n$ of the bytes, so the intensity, hence the batch at the ridge, is unchanged.
+# Every model is counted in bf16 (DeepSeek-V3 ships fp8 weights: with half the bytes it would
+# reach the ridge at about half the batch).
 
 # %%
 h100 = hardware.get("H100 SXM")
@@ -201,7 +212,9 @@ need = {name: ridge_batch(refmodel.presets.get(name)) for name in MODELS}
 for name, B in need.items():
     c = refmodel.presets.get(name)
     ea = f"E/A = {c.n_experts / c.top_k:g}" if c.ffn == "moe" else "dense"
-    print(f"{name:14s} ({ea:9s}): decode FFN compute-bound on H100 from batch ~{B}")
+    n_h100 = -(-2 * costs.param_counts(c)["total"] // h100.memory_bytes)
+    print(f"{name:14s} ({ea:9s}): decode FFN compute-bound on H100 roofs from batch ~{B} "
+          f"(bf16 weights need {n_h100:.0f} H100)")
 
 # %%
 # CHECK: every MoE model needs a larger batch than the dense one, DeepSeek-V3 (E/A = 32)

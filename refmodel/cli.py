@@ -41,12 +41,14 @@ def presets_table() -> str:
 
 
 def costs_report(name: str, batch: int, context: int, weight_dtype=None, kv_dtype=None,
-                 act_dtype=None, phases=PHASES) -> dict:
-    """The JSON object of `costs --json`."""
+                 act_dtype=None, phases=PHASES, count: str = "engine") -> dict:
+    """The JSON object of `costs --json`. Real presets are counted as an engine runs them by
+    default (`count`, see refmodel.costs.COUNTS)."""
     cfg = presets.get(name)
     p = costs.param_counts(cfg)
     return {
         "preset": name, "source": presets.source(name), "batch": batch, "context": context,
+        "count": count,
         "params_total": p["total"], "params_active": p["active"],
         "params_active_without_embedding": p["active_without_embedding"],
         "params_non_embedding": p["non_embedding"], "params_components": p["components"],
@@ -54,7 +56,7 @@ def costs_report(name: str, batch: int, context: int, weight_dtype=None, kv_dtyp
         "kv_cache_bytes": costs.kv_cache_bytes(cfg, context, batch,
                                                kv_dtype or cfg.dtype),
         "phases": {ph: costs.phase_costs(cfg, ph, batch, context, weight_dtype, kv_dtype,
-                                         act_dtype) for ph in phases},
+                                         act_dtype, count=count) for ph in phases},
     }
 
 
@@ -90,6 +92,9 @@ def parser() -> argparse.ArgumentParser:
                        help=f"one of {', '.join(sorted(BYTES))} (default: the preset's dtype)")
     c.add_argument("--phase", nargs="+", default=list(PHASES), help="phases to report")
     c.add_argument("--json", action="store_true", help="print one JSON object")
+    c.add_argument("--count", choices=costs.COUNTS, default="engine",
+                   help="engine: what a serving engine reads (a sliding window reads min(S, W) "
+                        "keys); implementation: what this code runs (its ring reads all W)")
     c.add_argument("--check", action="store_true",
                    help="run the compiler cross-check on the tiny preset instead")
     c.add_argument("--kinds", nargs="+", default=None,
@@ -115,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
                 if ph not in PHASES:
                     raise ValueError(f"phase={ph!r} is not allowed; choose one of {list(PHASES)}")
             report = costs_report(args.preset, args.batch, args.context, args.weight_dtype,
-                                  args.kv_dtype, args.act_dtype, tuple(args.phase))
+                                  args.kv_dtype, args.act_dtype, tuple(args.phase),
+                                  args.count)
             print(json.dumps(report, indent=1) if args.json else costs_table(report))
     except ValueError as err:
         ap.error(str(err))  # exits with status 2

@@ -15,6 +15,13 @@ Each phase is counted as the jitted phase function of `refmodel/phases.py` execu
 - `decode`: the whole step (embedding, every layer, final norm, LM head) for one token per
   sequence at `context` cached tokens.
 
+Counts: `count="implementation"` (the default) is what this code executes; `count="engine"`
+is what an engine that skips the work below would do. They differ only where this code
+does work a windowed engine would not: the sliding-window ring scores every one of its W
+slots, masked or not (op `ring_masked_slots`, see refmodel/attention/sliding.py). Measured
+phases (microbench) and the compiler cross-check (refmodel/check.py) compare against the
+implementation's count; real architectures modelled on spec chips should use the engine's.
+
 Op names are the `jax.named_scope`s of the code (qkv_proj, attn_scores, ffn_up, router, ...)
 summed over layers; `norm`, `residual` are the unscoped norms and residual adds. Conventions
 (2 FLOPs per multiply-add, bytes = what an op must move at least once) are in
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 from refmodel import attention
 from refmodel.attention.gqa import SOFTCAP_FLOPS
+from refmodel.attention.sliding import RING_OP
 from refmodel.config import ModelConfig
 from refmodel.costing import BYTES, Cost, Dtypes, matmul, total
 from refmodel.layers import DenseFFN, norm_costs, norm_params
@@ -34,6 +42,8 @@ from refmodel.phases import PHASES
 COMPONENTS = ("embedding", "positions", "attention", "norms", "dense_ffn", "router",
               "routed_experts", "shared_experts", "lm_head")
 TOKEN_ID_BYTES = 4  # int32 token ids read by the embedding gather
+COUNTS = ("implementation", "engine")
+IMPLEMENTATION_ONLY = (RING_OP,)  # ops `count="engine"` leaves out
 
 
 # Parameters ------------------------------------------------------------------------------------
@@ -87,7 +97,8 @@ def param_counts(cfg: ModelConfig) -> dict:
 def kv_cache_bytes(cfg: ModelConfig, context: int, batch: int = 1,
                    kv_dtype: str = "bfloat16") -> float:
     """Bytes of every layer's cache after `context` tokens: full attention grows with the
-    context, sliding windows are capped at W, MLA holds its latent + RoPE key, linear layers a
+    context, a sliding layer holds min(context, W) tokens (what a sequence needs; this code's
+    ring allocates all W slots up front), MLA holds its latent + RoPE key, linear layers a
     fixed recurrent and convolution state."""
     _check_cfg(cfg)
     _check_int("context", context, 0)
@@ -129,10 +140,12 @@ def residual_costs(cfg: ModelConfig, tokens: float, dt: Dtypes) -> Cost:
 
 
 def phase_ops(cfg: ModelConfig, phase: str, batch: int, context: int,
-              dt: Dtypes) -> dict[str, Cost]:
-    """{op: Cost} of one phase (see the module docstring), summed over layers by op name."""
+              dt: Dtypes, count: str = "implementation") -> dict[str, Cost]:
+    """{op: Cost} of one phase (see the module docstring), summed over layers by op name;
+    `count="engine"` drops the IMPLEMENTATION_ONLY ops."""
     _check_cfg(cfg)
     _check_phase(phase)
+    _check_count(count)
     _check_int("batch", batch, 1)
     _check_int("context", context, 1 if phase == "prefill" else 0)
     new, cached = (context, 0) if phase == "prefill" else (1, context)
@@ -159,7 +172,8 @@ def phase_ops(cfg: ModelConfig, phase: str, batch: int, context: int,
             add({"residual": residual_costs(cfg, tokens, dt)})
     if whole:
         add({"norm": norm_costs(cfg, D, tokens, dt), "lm_head": head_costs(cfg, tokens, dt)})
-    return {op: cost for op, cost in ops.items() if cost != Cost()}
+    drop = IMPLEMENTATION_ONLY if count == "engine" else ()
+    return {op: cost for op, cost in ops.items() if cost != Cost() and op not in drop}
 
 
 def dtypes(cfg: ModelConfig, weight_dtype: str | None = None, kv_dtype: str | None = None,
@@ -172,18 +186,21 @@ def dtypes(cfg: ModelConfig, weight_dtype: str | None = None, kv_dtype: str | No
 
 def phase_costs(cfg: ModelConfig, phase: str, batch: int, context: int,
                 weight_dtype: str | None = None, kv_dtype: str | None = None,
-                act_dtype: str | None = None) -> dict:
+                act_dtype: str | None = None, count: str = "implementation") -> dict:
     """FLOPs and bytes of one phase, in total and per op, as plain numbers (JSON-ready):
 
-        {"phase", "batch", "context", "dtypes": {weight, kv, act},
+        {"phase", "batch", "context", "count", "dtypes": {weight, kv, act},
          "flops", "bytes", "weight_bytes", "kv_bytes", "act_bytes", "intensity",
          "ops": {op: {"flops", "bytes", "weight_bytes", "kv_bytes", "act_bytes", "intensity"}}}
 
-    Dtypes default to `cfg.dtype`; intensity is FLOPs per byte.
+    Dtypes default to `cfg.dtype`; intensity is FLOPs per byte. `count` (COUNTS): what this
+    code executes, or what a windowed engine does (see the module docstring): e.g. Mistral
+    7B's decode attention at context 256 reads 256 + 1 keys per sequence in an engine, all
+    W = 4096 ring slots here.
     """
     dt = dtypes(cfg, weight_dtype, kv_dtype, act_dtype)
-    ops = phase_ops(cfg, phase, batch, context, dt)
-    return {"phase": phase, "batch": batch, "context": context,
+    ops = phase_ops(cfg, phase, batch, context, dt, count)
+    return {"phase": phase, "batch": batch, "context": context, "count": count,
             "dtypes": {"weight": dt.weight, "kv": dt.kv, "act": dt.act},
             **_numbers(total(ops)), "ops": {op: _numbers(c) for op, c in ops.items()}}
 
@@ -202,6 +219,11 @@ def _check_cfg(cfg) -> None:
 def _check_phase(phase) -> None:
     if phase not in PHASES:
         raise ValueError(f"phase={phase!r} is not allowed; choose one of {list(PHASES)}")
+
+
+def _check_count(count) -> None:
+    if count not in COUNTS:
+        raise ValueError(f"count={count!r} is not allowed; choose one of {list(COUNTS)}")
 
 
 def _check_int(field: str, value, minimum: int) -> None:

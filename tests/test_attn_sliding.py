@@ -7,6 +7,8 @@ test_golden.py, which runs every registered kind; here are the sliding-specific 
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +18,7 @@ from flax import nnx
 
 import refmodel
 from refmodel.attention import get
-from refmodel.attention.sliding import RingCache, SlidingWindowAttention
+from refmodel.attention.sliding import RING_OP, RingCache, SlidingWindowAttention
 from refmodel.costing import Dtypes
 
 W = 8
@@ -178,20 +180,51 @@ def test_param_counts_match_the_layer(changes):
 
 
 def test_decode_cost_stops_growing_at_the_window():
+    """An engine reads min(S + 1, W) keys per sequence at decode; this ring scores all W slots,
+    the masked rest counted apart under RING_OP, so the two sum to the executed W."""
     cfg = tiny(attention="sliding", window=W)
     dt, B, K, H = Dtypes(kv="bfloat16"), 4, cfg.n_kv_heads, cfg.head_size
     cls, gqa = SlidingWindowAttention, get("gqa")
+    per_key = 2 * B * K * H * dt.c  # K and V of one key per sequence
 
-    def decode_kv(c, context):
-        return sum(op.kv_bytes for op in c.costs(cfg, "sliding", B, 1, context, dt).values())
+    def decode_kv(c, context, ops=None):
+        out = c.costs(cfg, "sliding", B, 1, context, dt)
+        return sum(op.kv_bytes for name, op in out.items() if ops is None or name in ops)
 
-    ring = 2 * B * W * K * H * dt.c  # K and V of all W slots, empty ones too
-    write = 2 * B * K * H * dt.c
-    for context in (0, W - 1, W, 10 * W, 1000 * W):
-        assert decode_kv(cls, context) == ring + write
-        assert cls.cache_bytes(cfg, "sliding", B, context, dt) == ring * min(context, W) / W
+    engine_ops = ("attn_scores", "attn_values")
+    for context in (0, 1, W - 2, W - 1, W, 10 * W, 1000 * W):
+        read = min(context + 1, W)
+        assert decode_kv(cls, context, engine_ops) == read * per_key
+        assert decode_kv(cls, context, (RING_OP,)) == (W - read) * per_key
+        assert decode_kv(cls, context) == W * per_key + per_key  # the ring + the write
+        assert cls.cache_bytes(cfg, "sliding", B, context, dt) == min(context, W) * per_key
+        # below the window the engine reads exactly what full attention reads
+        if context < W:
+            assert decode_kv(cls, context, engine_ops) == decode_kv(gqa, context, engine_ops)
     assert decode_kv(gqa, 1000 * W) > 500 * decode_kv(cls, 1000 * W)  # GQA keeps growing
-    # prefill of T > W scores W old slots + T new keys and writes only the last W
+    # prefill of T > W into an empty cache: an engine scores the T x T (masked) pairs, the
+    # ring the W old slots too; either writes only the last W keys
     pre = cls.costs(cfg, "sliding", B, 3 * W, 0, dt)
-    assert pre["attn_scores"].flops == 2 * B * 3 * W * cfg.n_heads * 4 * W * H
-    assert pre["kv_write"].kv_bytes == ring
+    score = 2 * B * 3 * W * cfg.n_heads * H  # FLOPs per key
+    assert pre["attn_scores"].flops == score * 3 * W
+    assert pre["attn_scores"].flops + pre[RING_OP].flops > score * 4 * W  # + softmax, values
+    assert pre[RING_OP].kv_bytes == W * per_key
+    assert pre["kv_write"].kv_bytes == W * per_key
+    # a chunk after the window has filled: its first query sees the W - 1 keys before it
+    chunk = cls.costs(cfg, "sliding", B, 2, 5 * W, dt)
+    assert chunk["attn_scores"].kv_bytes == (W - 1 + 2) * per_key / 2
+    assert chunk[RING_OP].kv_bytes == 1 * per_key  # its K (scores) and V (values)
+
+
+def test_compiled_ring_executes_every_slot_below_the_window():
+    """XLA's count of the compiled decode step at a context well inside the window matches the
+    implementation's count (W slots scored), not the engine's (context + 1 keys): the reason
+    refmodel/check.py and microbench compare against `count="implementation"`."""
+    from refmodel import check, costs
+
+    cfg = dataclasses.replace(check.variants(("sliding",))["sliding dense"], window=16)
+    phases = refmodel.Phases(refmodel.init(cfg, seed=0))
+    row = check.check_one("sliding", cfg, phases, "decode_attention", batch=2, context=2)
+    assert abs(row["flops_rel_err"]) <= check.FLOP_RTOL, check.format_table([row])
+    engine = costs.phase_costs(cfg, "decode_attention", 2, 2, count="engine")["flops"]
+    assert abs(row["xla_flops"] - engine) / row["xla_flops"] > 5 * check.FLOP_RTOL

@@ -39,6 +39,50 @@ def test_cache_bytes_cap_windows_and_fix_recurrent_state():
     assert costs.kv_cache_bytes(presets.get("llama3-8b"), 100, batch=3) == 3 * 100 * 131_072
 
 
+def test_sliding_cache_holds_min_context_window_per_sequence():
+    """What an engine holds: min(S, W) tokens per sequence, per sliding layer, times the
+    batch; the window's own edge and a mixed local/global pattern included."""
+    mistral = presets.get("mistral-7b")
+    W, per_token = mistral.window, costs.kv_bytes_per_token(mistral)
+    assert per_token == 32 * per_layer_kv(mistral)
+    for S in (0, 1, W - 1, W, W + 1, 8 * W):
+        for B in (1, 3):
+            assert costs.kv_cache_bytes(mistral, S, B) == B * min(S, W) * per_token
+    gemma = presets.get("gemma2-9b")  # 21 sliding (W = 4096) + 21 global layers
+    for S in (100, 4096, 10_000):
+        assert costs.kv_cache_bytes(gemma, S, 2) == 2 * per_layer_kv(gemma) * 21 * (
+            min(S, gemma.window) + S)
+
+
+def test_engine_count_reads_min_context_window_implementation_the_ring():
+    """Mistral 7B decode attention, batch 16: an engine reads min(S + 1, W) keys per sequence
+    (llama3-8b has the same attention shape and no window: the same KV bytes below W); this
+    code's ring scores all W slots, the difference counted under its own op."""
+    mistral, llama = presets.get("mistral-7b"), presets.get("llama3-8b")
+    W, B = mistral.window, 16
+    per_key = B * per_layer_kv(mistral) * 32  # K and V of one token, every layer
+    for S in (256, 1024, W - 1, W, 8192):
+        eng = costs.phase_costs(mistral, "decode_attention", B, S, count="engine")
+        imp = costs.phase_costs(mistral, "decode_attention", B, S)
+        written = per_key  # the new token's K and V
+        assert eng["kv_bytes"] == min(S + 1, W) * per_key + written
+        assert imp["kv_bytes"] == W * per_key + written
+        assert "ring_masked_slots" not in eng["ops"]
+        ring = imp["ops"].get("ring_masked_slots", {"flops": 0, "bytes": 0})
+        assert imp["flops"] == eng["flops"] + ring["flops"]
+        assert imp["bytes"] == eng["bytes"] + ring["bytes"]
+        if S < W:
+            full = costs.phase_costs(llama, "decode_attention", B, S, count="engine")
+            assert eng["kv_bytes"] == full["kv_bytes"]
+            assert eng["flops"] == full["flops"]
+    assert costs.phase_costs(mistral, "decode_attention", B, 256, count="engine")[
+        "kv_bytes"] < 0.07 * costs.phase_costs(mistral, "decode_attention", B, 256)["kv_bytes"]
+    # no window, no difference
+    for phase in ("prefill", "decode"):
+        assert costs.phase_costs(llama, phase, 2, 64, count="engine")["bytes"] == \
+            costs.phase_costs(llama, phase, 2, 64)["bytes"]
+
+
 def per_layer_kv(cfg):
     return 2 * cfg.n_kv_heads * cfg.head_size * 2
 
@@ -122,6 +166,7 @@ def test_mla_absorbed_and_naive_read_the_same_cache_but_differ_in_flops():
     ({"weight_dtype": "fp7"}, "weight_dtype"),
     ({"kv_dtype": "float64"}, "kv_dtype"),
     ({"act_dtype": "int3"}, "act_dtype"),
+    ({"count": "ideal"}, "count"),
 ])
 def test_bad_input_names_the_field_and_allowed_values(kwargs, field):
     args = {"phase": "decode", "batch": 1, "context": 8, **kwargs}

@@ -46,22 +46,29 @@ def test_peer_environment_drops_openblas_pins_only_for_the_child(monkeypatch):
     assert env["PATH"] == os.environ["PATH"]
 
 
-def test_ratio_block_picks_the_best_peer():
-    ours = {"value": 90.0}
-    mk = lambda name, v: {"name": name, "rate": {"median": v}}
-    block = peers._ratio_block(ours, [mk("slow", 50.0), mk("fast", 100.0)], "B/s")
-    assert block["best_peer"] == "fast" and block["ratio_ours_over_best_peer"] == 0.9
-
-
-def test_a_sweep_plateau_above_stream_is_flagged_not_a_roof():
+def test_a_main_memory_sweep_point_above_the_roof_is_flagged_not_a_roof():
     res = synthetic.result()
-    spec = hardware.device_from_dict(res["spec"])
     main = next(r for r in res["roofs"]["memory"] if r["level"] == "DRAM")
-    assert not main["suspect"]  # the synthetic sweep agrees with its STREAM kernel
-    plateau = next(q for q in res["sweep"]["plateaus"] if q["name"] == "DRAM")
-    plateau["bytes_per_s"] = 2 * main["value"]
-    roofs = peaks.derive_roofs(res, spec)["memory"]
-    dram = [r for r in roofs if r["level"] == "DRAM"]
-    assert len(dram) == 1 and dram[0]["value"] == main["value"] and not dram[0]["suspect"]
-    flagged = [r for r in roofs if r["level"] == "DRAM sweep"]
-    assert len(flagged) == 1 and flagged[0]["suspect"] and "not a roof" in flagged[0]["reason"]
+    assert not main["suspect"]
+    big = [p for p in res["sweep"]["points"] if p["working_set_bytes"] >= 4 * (32 << 20)]
+    assert big and not any(p["suspect"] for p in big)  # the synthetic sweep agrees with STREAM
+    big[-1]["bytes_per_s"] = {k: 2 * v for k, v in big[-1]["bytes_per_s"].items()}
+    peaks.flag_points(res)
+    assert big[-1]["suspect"] and "not a main-memory figure" in big[-1]["reason"]
+    assert not any(p["suspect"] for p in big[:-1])
+
+
+def test_an_intensity_point_above_its_roof_is_flagged():
+    res = synthetic.result()
+    p = res["intensity"]["points"][0]  # memory-bound end
+    assert not p["suspect"]
+    p["flops_per_s"] = {k: 3 * v for k, v in p["flops_per_s"].items()}
+    peaks.flag_points(res)
+    assert p["suspect"] and "above its roof" in p["reason"]
+
+
+def test_main_array_is_big_enough_and_bounded_by_memory():
+    assert peaks.main_array_bytes(32 << 20) == 1 << 30  # max(1 GiB, 16 x LLC)
+    assert peaks.main_array_bytes(256 << 20) == 4 << 30
+    small = peaks.main_array_bytes(32 << 20, available=3 << 30)  # a twelfth of 3 GiB
+    assert small == 256 << 20 and small >= 4 * (32 << 20)

@@ -12,7 +12,7 @@ import pytest
 import refmodel
 from microbench import phases as mp
 from microbench import plot, plot_phases, suite, sweeps
-from microbench.schema import validate_result
+from microbench.schema import point_sweeps, validate_result
 from refmodel import costs
 
 ROOFS = {"compute": [{"name": "GEMM float32", "kind": "compute", "dtype": "float32",
@@ -133,15 +133,20 @@ def test_every_phase_figure_draws_from_the_saved_result(result):
     assert roof.get_xscale() == "log" and roof.get_yscale() == "log"
 
 
-def test_summary_table_lists_every_roofline_point(result):
+def test_summary_table_lists_every_roofline_point_and_every_point_outside_the_band(result):
     res, _ = result
     peaks = {**PEAKS, "environment": {"date_utc": "2026-11-30", "jax_version": "x"}}
     table = suite.summary_markdown(peaks, res)
-    rows = [p for p in res["points"] if p["sweep"] == "roofline"]
+    rows = [p for p in res["points"]
+            if "roofline" in point_sweeps(p) or "outside_reason" in p]
     lines = [line for line in table.splitlines() if line.startswith(("| gqa |", "| gqa moe |"))]
     assert len(lines) == len(rows)
     for p in rows:
         assert any(line.startswith(f"| {p['variant']} | {p['phase']} |") for line in lines)
+    band = suite.band_summary(res["points"])
+    assert f"**{band['inside']} of {band['n']} phase points within" in table
+    for p in band["outside"]:  # every point outside the band carries its reason in the table
+        assert p["outside_reason"] and p["outside_reason"] in table
 
 
 def test_crossover_interpolates_in_log_log():

@@ -36,6 +36,12 @@ def causal_mask(q_pos: jax.Array, k_pos: jax.Array, window: int | None = None) -
     return mask
 
 
+# Queries per block of the prefill core: a block's scores [B, K, G, 256, S] stay a few MiB,
+# where the whole [B, K, G, T, S] array of a 1024-token prefill is 64 MiB written and read
+# back several times (see `attend`).
+QUERY_BLOCK = 256
+
+
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
            softcap: float | None = None, sinks: jax.Array | None = None) -> jax.Array:
     """Softmax attention of q [B, T, K, G, H] over k [B, K, S, H], v [B, K, S, Hv].
@@ -43,23 +49,39 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: flo
     mask is [T, S] or [B, T, S]; sinks, if given, is one learned logit per head [K, G] that
     joins the softmax denominator but carries no value (gpt-oss). Returns [B, T, K, G, Hv].
 
-    For one query with G > 1 (GQA, MQA decode) both products are written as a broadcast
-    multiply and a sum: the same FLOPs, but XLA:CPU fuses them into one pass over the cache,
-    where the einsum made it transpose (copy) K and V on every step: 4 full copies of a
-    4K-token cache per layer, 3-4x slower (measured while the machine was shared). With G = 1
-    (MHA, MLA naive) the same multiply-and-sum hit a slow path, 40x slower than the einsum
-    (K = 8, S = 4K, H = 32: 3.8 ms vs 0.09 ms), so there the einsum stays.
+    One query with G > 1 (GQA, MQA decode) goes to `attend_one`. Longer query runs (prefill)
+    go through `attend_rows` in blocks of QUERY_BLOCK queries, each block exact (every block
+    sees all S keys, so no running max is needed) and its output concatenated along T.
     """
-    decode = q.shape[1] == 1 and q.shape[3] > 1  # one query, several per KV head (G > 1)
+    if q.shape[1] == 1 and q.shape[3] > 1:
+        return attend_one(q, k, v, mask, scale, softcap, sinks)
+    T = q.shape[1]
+    if T <= QUERY_BLOCK:
+        return attend_rows(q, k, v, mask, scale, softcap, sinks)
+    return jnp.concatenate([
+        attend_rows(q[:, i:i + QUERY_BLOCK], k, v, mask[..., i:i + QUERY_BLOCK, :], scale,
+                    softcap, sinks)
+        for i in range(0, T, QUERY_BLOCK)], axis=1)
+
+
+def attend_rows(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
+                softcap: float | None = None, sinks: jax.Array | None = None) -> jax.Array:
+    """`attend` for one block of queries, as K batched GEMMs whose rows are the G x T query
+    rows of one KV head: q is laid out [B, K, G*T, H] so the scores [B, K, G*T, S] are the
+    product's natural output and the softmax runs over their last, contiguous axis.
+    Written as one einsum to [B, K, G, T, S] over q [B, T, K, G, H], XLA:CPU computed the
+    scores as [K, S, G*T] and transposed them (and the probabilities) through memory.
+    With G = 1 (MHA, MLA naive) a multiply-and-sum hit a slow path, 40x slower than the
+    einsum (K = 8, S = 4K, H = 32: 3.8 ms vs 0.09 ms), so the products stay einsums."""
+    B, T, K, G, H = q.shape
+    S = k.shape[2]
     with jax.named_scope("attn_scores"):
-        if decode:  # multiply-and-reduce reads the cache once, in place (see below)
-            s = jnp.sum(q[:, 0, :, :, None, :] * k[:, :, None], axis=-1)[:, :, :, None] * scale
-        else:
-            s = jnp.einsum("BTKGH,BKSH->BKGTS", q, k) * scale  # [B, K, G, T, S]
+        qr = q.transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, H)  # [B, K, G*T, H]
+        s = jnp.einsum("BKQH,BKSH->BKQS", qr, k).reshape(B, K, G, T, S) * scale
         if softcap is not None:
             s = softcap * jnp.tanh(s / softcap)
         m = mask[:, None, None] if mask.ndim == 3 else mask
-        s = jnp.where(m, s, NEG_INF)
+        s = jnp.where(m, s, NEG_INF)  # [B, K, G, T, S]
     with jax.named_scope("attn_softmax"):
         if sinks is not None:
             sink = jnp.broadcast_to(sinks[None, :, :, None, None], s.shape[:-1] + (1,))
@@ -68,7 +90,35 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: flo
         else:
             p = jax.nn.softmax(s, axis=-1)
     with jax.named_scope("attn_values"):
-        p = p.astype(v.dtype)
-        if decode:
-            return jnp.sum(p[:, :, :, 0, :, None] * v[:, :, None], axis=-2)[:, None]
-        return jnp.einsum("BKGTS,BKSH->BTKGH", p, v)  # [B, T, K, G, Hv]
+        p = p.astype(v.dtype).reshape(B, K, G * T, S)
+        o = jnp.einsum("BKQS,BKSH->BKQH", p, v)  # [B, K, G*T, Hv]
+        return o.reshape(B, K, G, T, -1).transpose(0, 3, 1, 2, 4)  # [B, T, K, G, Hv]
+
+
+def attend_one(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
+               softcap: float | None = None, sinks: jax.Array | None = None) -> jax.Array:
+    """`attend` for one query per sequence with G > 1 (GQA, MQA decode), scores kept as
+    [B, K, S, G]: the cache is the GEMM's tall operand (M = S rows), the few query heads its
+    N columns. Written with the scores as [B, K, G, S], XLA:CPU ran the batched product with
+    M = G (1-8 rows) on a slow path, and an earlier broadcast multiply-and-sum (one pass, no
+    cache copy) was handed to a library fusion that ran at ~1 GB/s: on `bench`, decode at
+    batch 64 and context 1024 took 427-490 ms with it and 157-220 ms with this form (batch 1:
+    the same). XLA's simplifier folds a transpose of the scores back into the slow
+    orientation, so mask, softmax (over S, axis 2) and the values product all keep this
+    layout. Returns [B, 1, K, G, Hv]."""
+    with jax.named_scope("attn_scores"):
+        s = jnp.einsum("BKSH,BKGH->BKSG", k, q[:, 0]) * scale  # [B, K, S, G]
+        if softcap is not None:
+            s = softcap * jnp.tanh(s / softcap)
+        m = mask[..., 0, :]  # [S] or [B, S]: the one query's row
+        m = m[None, None, :, None] if m.ndim == 1 else m[:, None, :, None]
+        s = jnp.where(m, s, NEG_INF)
+    with jax.named_scope("attn_softmax"):
+        if sinks is not None:
+            sink = jnp.broadcast_to(sinks[None, :, None, :], s.shape[:2] + (1, s.shape[3]))
+            p = jax.nn.softmax(jnp.concatenate([s, sink.astype(s.dtype)], axis=2), axis=2)
+            p = p[:, :, :-1]
+        else:
+            p = jax.nn.softmax(s, axis=2)
+    with jax.named_scope("attn_values"):
+        return jnp.einsum("BKSG,BKSH->BKGH", p.astype(v.dtype), v)[:, None]  # [B, 1, K, G, Hv]

@@ -12,7 +12,7 @@ computed from positions, never from slot order, and stays right after the ring w
 Two paths, chosen by the static chunk length T:
 - decode (T = 1): write the new key into its slot first (it overwrites position p - W, which
   p no longer sees), then attend over the W slots. Empty slots are masked but still computed:
-  a decode step executes W scores whatever the context (counted so below).
+  a decode step executes W scores whatever the context.
 - prefill (T > 1, on a cache that may already hold tokens): a chunk longer than W would
   overwrite its own keys, so it attends over [the W old slots ++ its own T keys] with the
   window mask first (W + T scores per query), then writes its last min(T, W) keys.
@@ -20,6 +20,16 @@ Two paths, chosen by the static chunk length T:
 Memory is O(W) at any context: `capacity_bound` is False, the cache's `max_len` is ignored
 (its shapes are the same for max_len 16 and 4096), and a model made only of sliding layers
 may run past max_len. gpt-oss's sink logits and Gemma 2's soft-capping come with GQA's core.
+
+Costs are counted twice over, kept apart by op name. `attn_scores` / `attn_softmax` /
+`attn_values` count what a windowed engine reads: a query sees min(S, W - 1) cached keys and
+its own new ones, so a decode step at context S reads min(S + 1, W) keys per sequence and
+prefill into an empty cache reads its T new keys (masked pairs counted, as for full attention
+in refmodel/costing.py). `RING_OP` counts what this fixed ring executes on top: the masked
+slots it still scores (W - min(S + 1, W) at decode, the W old slots at prefill). The phase
+totals of `refmodel.costs.phase_costs` include it by default (what the compiled code runs,
+timed by microbench and cross-checked against XLA by refmodel/check.py); `count="engine"`
+leaves it out.
 """
 
 from __future__ import annotations
@@ -33,6 +43,9 @@ from refmodel.attention.common import causal_mask
 from refmodel.attention.gqa import GroupedQueryAttention, gqa_costs, kv_heads
 from refmodel.config import ModelConfig
 from refmodel.costing import Cost, Dtypes
+
+RING_OP = "ring_masked_slots"  # work of the fixed ring beyond a windowed engine's
+RING_OPS = ("attn_scores", "attn_softmax", "attn_values")  # the ops whose keys it pads
 
 
 @struct.dataclass
@@ -95,18 +108,25 @@ class SlidingWindowAttention(GroupedQueryAttention):
     @classmethod
     def cache_bytes(cls, cfg: ModelConfig, kind: str, batch: int, context: int,
                     dt: Dtypes) -> float:
-        """K and V of the last min(context, W) tokens (the W int32 positions, shared by the
-        batch, are left out: 4 W bytes per layer)."""
+        """K and V of the last min(context, W) tokens: what a sequence needs, and what an
+        engine that allocates per token (paged) holds. This ring allocates all W slots up
+        front (`init_cache`), whatever the context. The W int32 positions, shared by the
+        batch, are left out: 4 W bytes per layer."""
         keys = min(context, cfg.window)
         return 2.0 * batch * keys * kv_heads(cfg, kind) * cfg.head_size * dt.c
 
     @classmethod
     def costs(cls, cfg: ModelConfig, kind: str, batch: int, new: int, context: int,
               dt: Dtypes) -> dict[str, Cost]:
-        """What the code executes: decode scores all W slots (empty ones masked), prefill
-        scores W old slots + its `new` keys; only the last min(new, W) keys are written."""
+        """The attention ops of a windowed engine (min(context, W - 1) + new keys per query:
+        min(S + 1, W) at decode), plus `RING_OP`: the masked slots this ring scores on top
+        (it executes W keys at decode, W + new at prefill). Only the last min(new, W) keys
+        are written."""
         K, W = kv_heads(cfg, kind), cfg.window
-        keys = W if new == 1 else W + new
-        out = gqa_costs(cfg, K, batch, new, keys, dt)
+        engine = min(context, W - 1) + new
+        executed = W if new == 1 else W + new
+        out = gqa_costs(cfg, K, batch, new, engine, dt)
+        ring = gqa_costs(cfg, K, batch, new, executed, dt)
+        out[RING_OP] = sum((ring[op] + (-1.0) * out[op] for op in RING_OPS), Cost())
         out["kv_write"] = Cost(kv_bytes=2.0 * batch * min(new, W) * K * cfg.head_size * dt.c)
         return out

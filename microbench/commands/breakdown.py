@@ -1,0 +1,86 @@
+"""`breakdown`: where one phase's time goes, per op, beside its counted FLOPs and bytes."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+PHASE_CHOICES = ("prefill", "decode_attention", "decode_ffn", "decode")
+ATTENTION_CHOICES = ("mha", "gqa", "mqa", "mla")
+
+
+def add_args(p) -> None:
+    p.add_argument("--model", default="medium", help="preset to run (default: medium)")
+    p.add_argument("--phase", default="decode", help=f"one of {', '.join(PHASE_CHOICES)}")
+    p.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
+    p.add_argument("--context", type=int, default=128,
+                   help="cached tokens (decode) or prompt length (prefill); default 128")
+    p.add_argument("--attention", help=f"override the preset's attention: "
+                   f"{', '.join(ATTENTION_CHOICES)}")
+    p.add_argument("--mla-absorb", action="store_true", help="MLA with weight absorption")
+    p.add_argument("--calls", type=int, default=5, help="traced calls (default 5)")
+    p.add_argument("--budget", type=float, default=1.0,
+                   help="seconds to time the whole phase (default 1)")
+    p.add_argument("--out", default="results/microbench/breakdown", help="output folder")
+    p.add_argument("--no-plot", action="store_true", help="write the JSON only")
+
+
+def check_args(args) -> None:
+    """Raise ValueError naming the option, the value and what is allowed."""
+    import refmodel
+
+    names = sorted(refmodel.presets.PRESETS)
+    if args.model not in names:
+        raise ValueError(f"--model {args.model!r}: choose one of {names}")
+    if args.phase not in PHASE_CHOICES:
+        raise ValueError(f"--phase {args.phase!r}: choose one of {list(PHASE_CHOICES)}")
+    for option, value, low in (("--batch", args.batch, 1), ("--calls", args.calls, 1),
+                               ("--context", args.context, 1)):
+        if value < low:
+            raise ValueError(f"{option} {value}: must be an integer >= {low}")
+    if not args.budget > 0:
+        raise ValueError(f"--budget {args.budget}: must be a positive number of seconds")
+    if args.attention is not None and args.attention not in ATTENTION_CHOICES:
+        raise ValueError(f"--attention {args.attention!r}: choose one of "
+                         f"{list(ATTENTION_CHOICES)}")
+    cfg = config(args)
+    need = refmodel.costs.param_counts(cfg)["total"] * (2 if "16" in cfg.dtype else 4)
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have / 2:
+        raise ValueError(f"--model {args.model!r}: {need / 1e9:.0f} GB of weights does not "
+                         f"fit half of this machine's {have / 1e9:.0f} GB; real presets are "
+                         "counted, not run: `python -m refmodel costs --preset NAME`")
+
+
+def config(args):
+    import dataclasses
+
+    import refmodel
+
+    cfg = refmodel.presets.get(args.model)
+    changes = {}
+    if args.attention:
+        changes["attention"] = args.attention
+    if args.mla_absorb:
+        changes["mla_absorb"] = True
+    return dataclasses.replace(cfg, **changes) if changes else cfg
+
+
+def run(args) -> int:
+    from microbench.breakdown import format_table, measure_breakdown
+    from microbench.phases import Budget
+
+    t0 = time.perf_counter()
+    check_args(args)
+    result = measure_breakdown(config(args), args.phase, args.batch, args.context,
+                               calls=args.calls, timing=Budget(budget_s=args.budget),
+                               out=args.out)
+    print(format_table(result))
+    wrote = [f"{args.out}/breakdown.json"]
+    if not args.no_plot:
+        from microbench.plot_breakdown import save_breakdown_figure
+
+        wrote.append(str(save_breakdown_figure(result, Path(args.out) / "breakdown.png")))
+    print(f"wrote {', '.join(wrote)} in {time.perf_counter() - t0:.0f} s")
+    return 0

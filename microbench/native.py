@@ -1,0 +1,261 @@
+"""A small native program: what the hardware's memory does when a compiler is out of the way.
+
+STREAM-style C kernels (McCalpin's STREAM; the all-core read of likwid-bench's `load` and of
+gpu-benches), compiled on the fly with `gcc -O3 -march=native -fopenmp` and run in a child
+process, so the roofs of `peaks` are checked against a program that is not XLA:
+
+  * `stream N REPS T`: read (a sum with 8 independent accumulators of the widest native
+    vector, so it is bound by loads, not by the add latency), in-place scale and triad over
+    arrays of N floats, with T threads each streaming its own contiguous slice; REPS timed
+    repetitions each.
+  * `serve N T`: allocate and fill once, then one `stream` measurement per line on stdin.
+  * `sweep LO HI RATIO MIN_BYTES T`: the read kernel over a geometric ladder of working sets,
+    each thread re-reading its own slice (size / T) until MIN_BYTES have moved, so a slice
+    that fits a core's cache is read from that cache: the bandwidth of each cache level at a
+    fixed thread count.
+
+Threads are pinned (OMP_PROC_BIND=close, OMP_PLACES=cores) so slices stay with their caches.
+Byte convention: algorithmic (read 4 B, in-place scale 8 B, triad 12 B per element).
+Returns None (the caller says so) when no C compiler is found.
+
+Public API:
+    available() -> bool
+    stream(n, reps, threads) -> {"threads", "n", "read": [s], "scale_inplace": [s], "triad": [s]}
+    Server(n, threads).stream(reps)   the same, arrays allocated once in a long-lived child
+    sweep(lo, hi, ratio, min_bytes, threads) -> [{"bytes", "seconds": [s], "repeats"}]
+    BYTES_PER_ELEMENT
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+BYTES_PER_ELEMENT = {"read": 4, "scale_inplace": 8, "triad": 12}
+
+_SOURCE = r"""
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX512F__)
+#define VL 16 /* f32 lanes of the widest native vector */
+#elif defined(__AVX__)
+#define VL 8
+#else
+#define VL 4
+#endif
+typedef float vec __attribute__((vector_size(4 * VL)));
+#define BLOCK 128 /* floats per thread slice granule: a multiple of 8 vectors */
+static double now(void) { return omp_get_wtime(); }
+static float read_slice(const float *a, long n, long reps) {
+  vec s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0}, s5 = {0}, s6 = {0}, s7 = {0};
+  const vec *v = (const vec *)a;
+  long m = n / VL;
+  for (long r = 0; r < reps; r++)
+    for (long i = 0; i < m; i += 8) {
+      s0 += v[i]; s1 += v[i + 1]; s2 += v[i + 2]; s3 += v[i + 3];
+      s4 += v[i + 4]; s5 += v[i + 5]; s6 += v[i + 6]; s7 += v[i + 7];
+    }
+  vec s = s0 + s1 + s2 + s3 + s4 + s5 + s6 + s7;
+  float t = 0.0f;
+  for (int k = 0; k < VL; k++) t += s[k];
+  return t;
+}
+static float *alloc(long n) {
+  float *p = aligned_alloc(64, (size_t)n * sizeof(float));
+  if (!p) { fprintf(stderr, "out of memory for %ld floats\n", n); exit(2); }
+  return p;
+}
+static void fill(float *a, long n, float base) {
+  #pragma omp parallel for schedule(static)
+  for (long i = 0; i < n; i++) a[i] = base + 0.001f * (float)(i % 1031);
+}
+/* Run the read kernel over `size_f` floats with t threads, `reps` passes; seconds. */
+static double timed_read(const float *a, long size_f, int t, long reps, float *sink) {
+  long slice = size_f / t;
+  float acc = 0.0f;
+  double t0 = now();
+  #pragma omp parallel num_threads(t) reduction(+:acc)
+  { acc += read_slice(a + (long)omp_get_thread_num() * slice, slice, reps); }
+  double dt = now() - t0;
+  *sink += acc;
+  return dt;
+}
+static float *A, *B, *C;
+static int stream_once(long n, int reps, int t) {
+  float *a = A, *b = B, *c = C;
+  const float s = 0.999f;
+  float sink = 0.0f;
+  printf("{\"threads\": %d, \"n\": %ld", t, n);
+  const char *names[3] = {"read", "scale_inplace", "triad"};
+  for (int kern = 0; kern < 3; kern++) {
+    printf(", \"%s\": [", names[kern]);
+    for (int r = -1; r < reps; r++) {
+      double dt;
+      if (kern == 0) {
+        dt = timed_read(a, n, t, 1, &sink);
+      } else if (kern == 1) {
+        double t0 = now();
+        #pragma omp parallel for simd schedule(static)
+        for (long i = 0; i < n; i++) a[i] = s * a[i];
+        dt = now() - t0;
+      } else {
+        double t0 = now();
+        #pragma omp parallel for simd schedule(static)
+        for (long i = 0; i < n; i++) a[i] = b[i] + s * c[i];
+        dt = now() - t0;
+      }
+      if (r >= 0) printf("%s%.9f", r ? ", " : "", dt);
+    }
+    printf("]");
+  }
+  printf(", \"sink\": %g}\n", (double)sink);
+  fflush(stdout);
+  return 0;
+}
+static long setup(long n, int t) {
+  n -= n % (BLOCK * t);
+  A = alloc(n); B = alloc(n); C = alloc(n);
+  omp_set_num_threads(t);
+  fill(A, n, 1.0f); fill(B, n, 0.5f); fill(C, n, 0.25f);
+  return n;
+}
+static int stream(long n, int reps, int t) { return stream_once(setup(n, t), reps, t); }
+/* Allocate once, then one stream_once per "REPS" line on stdin (so rounds skip page faults). */
+static int serve(long n, int t) {
+  n = setup(n, t);
+  printf("{\"ready\": true, \"n\": %ld}\n", n);
+  fflush(stdout);
+  int reps;
+  while (scanf("%d", &reps) == 1 && reps > 0) stream_once(n, reps, t);
+  return 0;
+}
+static int sweep(long lo, long hi, double ratio, long min_bytes, int t) {
+  long hi_f = hi / 4;
+  hi_f -= hi_f % (BLOCK * t);
+  float *a = alloc(hi_f);
+  fill(a, hi_f, 1.0f);
+  float sink = 0.0f;
+  printf("{\"threads\": %d, \"points\": [", t);
+  long last = 0;
+  int first = 1;
+  for (double size = (double)lo; size <= (double)hi * 1.0001; size *= ratio) {
+    long n = (long)(size / 4);
+    n -= n % (BLOCK * t);
+    if (n <= 0 || n == last) continue;
+    last = n;
+    long reps = min_bytes / (4 * n);
+    if (reps < 1) reps = 1;
+    timed_read(a, n, t, reps, &sink); /* warm: each slice into its core's caches */
+    printf("%s{\"bytes\": %ld, \"repeats\": %ld, \"seconds\": [", first ? "" : ", ", 4 * n, reps);
+    first = 0;
+    for (int k = 0; k < 5; k++)
+      printf("%s%.9f", k ? ", " : "", timed_read(a, n, t, reps, &sink));
+    printf("]}");
+  }
+  printf("], \"sink\": %g}\n", (double)sink);
+  return 0;
+}
+int main(int argc, char **argv) {
+  if (argc == 5 && !strcmp(argv[1], "stream"))
+    return stream(atol(argv[2]), atoi(argv[3]), atoi(argv[4]));
+  if (argc == 4 && !strcmp(argv[1], "serve")) return serve(atol(argv[2]), atoi(argv[3]));
+  if (argc == 7 && !strcmp(argv[1], "sweep"))
+    return sweep(atol(argv[2]), atol(argv[3]), atof(argv[4]), atol(argv[5]), atoi(argv[6]));
+  fprintf(stderr, "usage: stream N REPS T | serve N T | sweep LO HI RATIO MIN_BYTES T\n");
+  return 2;
+}
+"""
+
+COMPILER_FLAGS = ("-O3", "-march=native", "-fopenmp")
+
+
+def available() -> bool:
+    return shutil.which("gcc") is not None
+
+
+@functools.lru_cache(maxsize=1)
+def _binary() -> Path:
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        raise FileNotFoundError("gcc not found: the native peer program cannot be built")
+    tmp = Path(tempfile.mkdtemp(prefix="microbench-native-"))
+    atexit.register(shutil.rmtree, tmp, True)
+    src, exe = tmp / "native.c", tmp / "native"
+    src.write_text(_SOURCE)
+    subprocess.run([gcc, *COMPILER_FLAGS, str(src), "-o", str(exe)], check=True,
+                   capture_output=True, timeout=120)
+    return exe
+
+
+def _env() -> dict:
+    from microbench.peers import peer_environment
+
+    return {**peer_environment(), "OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}
+
+
+def _run(*args) -> dict:
+    res = subprocess.run([str(_binary()), *map(str, args)], capture_output=True, text=True,
+                         timeout=600, env=_env())
+    if res.returncode != 0:
+        raise RuntimeError(f"native peer {' '.join(map(str, args))} failed: "
+                           f"{res.stderr.strip()[-300:]}")
+    return json.loads(res.stdout)
+
+
+def label(threads: int) -> str:
+    return f"gcc -O3 -march=native, {threads} thread{'s' if threads > 1 else ''}"
+
+
+def stream(n: int, reps: int, threads: int | None = None) -> dict:
+    """Seconds per repetition of read / in-place scale / triad over n floats."""
+    threads = threads or len(os.sched_getaffinity(0))
+    return _run("stream", n, reps, threads)
+
+
+class Server:
+    """The stream kernels in a child that allocates its arrays once and then answers one
+    measurement per call: rounds pay for page faults once, not every round."""
+
+    def __init__(self, n: int, threads: int | None = None):
+        self.threads = threads or len(os.sched_getaffinity(0))
+        self._proc = subprocess.Popen([str(_binary()), "serve", str(n), str(self.threads)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, env=_env())
+        self.n = json.loads(self._readline())["n"]
+
+    def _readline(self) -> str:
+        line = self._proc.stdout.readline()
+        if not line:
+            err = self._proc.stderr.read().strip()[-300:]
+            raise RuntimeError(f"native peer server stopped: {err or 'no output'}")
+        return line
+
+    def stream(self, reps: int = 5) -> dict:
+        self._proc.stdin.write(f"{reps}\n")
+        self._proc.stdin.flush()
+        return json.loads(self._readline())
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            try:
+                self._proc.stdin.write("0\n")
+                self._proc.stdin.close()
+                self._proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self._proc.kill()
+
+    def __del__(self):
+        self.close()
+
+
+def sweep(lo: int, hi: int, ratio: float, min_bytes: int, threads: int) -> list[dict]:
+    """Seconds per call (5 samples) of the all-slices read at each working-set size."""
+    return _run("sweep", lo, hi, ratio, min_bytes, threads)["points"]

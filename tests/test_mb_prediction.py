@@ -1,0 +1,335 @@
+"""Phase predictions (microbench.phases) and the roofs they use (microbench.peaks), on
+synthetic peaks results: the working-set curve ends at main memory's read roof; a predicted
+time is continuous in the working set (no cliff at the last-level cache), includes the per-call
+floor, is "overhead"-bound when the floor dominates, scales only main memory by the drift
+probe; a point faster than its roof beyond the spreads is suspect, and one outside the band
+says why with a measured number. Also derive_roofs with and without rounds, and flag_points."""
+
+import copy
+import math
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from microbench import hardware, peaks, phases, rounds, synthetic
+
+LLC = 32 << 20
+CAPS = [["L1", 96 << 10], ["L2", 2 << 20], ["L3", LLC]]
+MAIN_READ = 4e10
+
+
+def _bw(size: float) -> float:
+    """A smooth all-core read curve: 4e11 in L1 down to 1e11 in L3, then towards DRAM."""
+    x = math.log2(size)
+    step = lambda centre, lo, hi: lo + (hi - lo) / (1 + math.exp(2.0 * (x - centre)))
+    return step(17.5, step(22.0, step(26.0, 3.5e10, 1e11), 2e11), 4e11)
+
+
+SIZES = [int(16 * 1024 * 1.41**i) for i in range(30)]  # 16 KiB .. ~250 GiB; filtered below
+
+
+def rate(v, rel=0.02):
+    return {"median": v, "p10": v * (1 - rel), "p90": v * (1 + rel)}
+
+
+def roof(name, level, value, rel=0.05, kind="memory", **extra):
+    key = "level" if kind == "memory" else "dtype"
+    return {"name": name, "kind": kind, key: level, "value": value, "p10": value * (1 - rel),
+            "p90": value * (1 + rel), "source": "test", "suspect": False, "reason": None,
+            **extra}
+
+
+def peaks_result(main_read_suspect=False, with_hierarchy=True, overhead=None):
+    roofs = {
+        "compute": [roof("GEMM float32", "float32", 2e11, kind="compute"),
+                    roof("vector FMA float32", "float32", 1e11, kind="compute")],
+        "memory": [roof("L1", "L1", 4e11), roof("L2", "L2", 2e11), roof("L3", "L3", 1e11),
+                   roof("DRAM", "DRAM", 3e10),
+                   roof("DRAM read-only", "DRAM read", MAIN_READ, suspect=main_read_suspect)],
+        "compiler": [roof("DRAM read-only (XLA jnp.sum)", "DRAM read", 2e10)],
+    }
+    res = {"machine": "test machine", "roofs": roofs,
+           "sweep": {"cache_capacities": [["L2", 1 << 20], ["L3", 16 << 20]]},
+           "overhead": overhead or {"dispatch_s": 5e-6, "per_kernel_s": 1e-6},
+           "plan": {"probe_bytes": 64 << 20},
+           "main_roofs": {"probe": {"value": 3e10}, "probe_gemm": {"value": 1.5e11}}}
+    if with_hierarchy:
+        res["hierarchy"] = {"all_cores": {
+            "cache_capacities": CAPS,
+            "points": [{"working_set_bytes": s, "bytes_per_s": rate(_bw(s))} for s in SIZES],
+            "plateaus": []}}
+    return res
+
+
+def point(working_set, nbytes=1e8, flops=1e6, kernels=3, t=None, rel=0.02):
+    return {"flops": flops, "bytes": nbytes, "dtype": "float32",
+            "working_set_bytes": float(working_set), "kernels": kernels,
+            "timing": rate(1.0 if t is None else t, rel), "flops_per_s": rate(1.0, rel)}
+
+
+def predicted(peaks_res, ws, factors=None, **kw):
+    return phases.attach_prediction(point(ws, **kw), peaks_res, factors)["predicted"]
+
+
+# ------------------------------------------------------------------ prediction_inputs
+
+
+def test_prediction_inputs_curve_ends_at_main_memorys_read_roof():
+    inputs = phases.prediction_inputs(peaks_result())
+    curve = inputs["curve"]
+    kept = [s for s in SIZES if s <= 4 * LLC]
+    assert [c[0] for c in curve[:-1]] == kept  # the measured points up to 4x the LLC
+    assert [c[1] for c in curve[:-1]] == [_bw(s) for s in kept]
+    assert curve[-1] == [max(16 * LLC, 2 * kept[-1]), MAIN_READ]
+    assert inputs["cache_capacities"] == CAPS  # the hierarchy's, not the XLA sweep's
+    assert inputs["overhead"] == {"dispatch_s": 5e-6, "per_kernel_s": 1e-6}
+    assert inputs["probe_bytes"] == 64 << 20
+    assert inputs["probe_reference"] == {"read_bytes_per_s": 3e10, "gemm_flops_per_s": 1.5e11}
+    assert phases.prediction_inputs(inputs) is inputs  # a reduced block passes through
+
+
+@pytest.mark.parametrize("kw", [{"main_read_suspect": True}, {"with_hierarchy": False}])
+def test_no_curve_without_a_trusted_main_read_roof_or_a_hierarchy(kw):
+    inputs = phases.prediction_inputs(peaks_result(**kw))
+    assert inputs["curve"] is None
+    assert inputs["cache_capacities"] == [["L2", 1 << 20], ["L3", 16 << 20]]
+
+
+# ------------------------------------------------------------------ attach_prediction
+
+
+def test_predicted_time_is_the_floor_plus_the_slower_roof():
+    res = peaks_result()
+    pred = predicted(res, 1 << 30, nbytes=1e8, flops=1e6, kernels=3)
+    floor = 5e-6 + 3 * 1e-6
+    assert pred["floor_s"] == pytest.approx(floor)
+    assert pred["t_memory_s"] == pytest.approx(1e8 / MAIN_READ)  # past the curve: read roof
+    assert pred["t_compute_s"] == pytest.approx(1e6 / 2e11)  # the GEMM roof, not the vector
+    assert pred["time_s"] == pytest.approx(floor + 1e8 / MAIN_READ)
+    assert pred["bound"] == "memory" and pred["memory_level"] == "DRAM read"
+    # compute-bound: many FLOPs, few bytes
+    pred = predicted(res, 1 << 30, nbytes=1e3, flops=1e12)
+    assert pred["bound"] == "compute" and pred["time_s"] == pytest.approx(floor + 1e12 / 2e11)
+
+
+def test_at_a_measured_size_the_memory_time_uses_that_points_bandwidth():
+    s = SIZES[10]
+    assert s < LLC
+    pred = predicted(peaks_result(), s)
+    assert pred["memory_bytes_per_s"] == pytest.approx(_bw(s))
+    assert pred["memory_level"] == "cache (working-set curve)"
+
+
+def test_overhead_bound_when_the_floor_dominates():
+    pred = predicted(peaks_result(), 1 << 20, nbytes=1e3, flops=1e3, kernels=10)
+    assert pred["bound"] == "overhead"
+    assert pred["time_s"] == pytest.approx(5e-6 + 10e-6 + max(1e3 / _bw(1 << 20), 1e3 / 2e11))
+    no_floor = peaks_result(overhead={"dispatch_s": 0.0, "per_kernel_s": 0.0})
+    assert predicted(no_floor, 1 << 20, nbytes=1e3, flops=1e3, kernels=10)["bound"] == "memory"
+
+
+def _log_step(res, ws, eps=0.01):
+    a = predicted(res, ws, kernels=0)["time_s"]
+    b = predicted(res, ws * (1 + eps), kernels=0)["time_s"]
+    return abs(math.log(b / a))
+
+
+def test_no_cliff_at_the_last_level_cache():
+    res = peaks_result()
+    for ws in (LLC / 1.01, LLC, 4 * LLC / 1.01, 4 * LLC, 16 * LLC / 1.01):
+        assert _log_step(res, ws) < 0.03
+    # whereas the level that holds it (no curve) jumps from L3 to main memory
+    assert _log_step(peaks_result(with_hierarchy=False), 16 << 20) > 0.5
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.floats(10.0, 34.0))
+def test_predicted_time_is_continuous_in_the_working_set(log2_ws):
+    """Two working sets 1% apart are predicted within a few % of each other, everywhere."""
+    assert _log_step(peaks_result(), 2.0**log2_ws) < 0.03
+
+
+def test_memory_drift_scales_main_memory_only():
+    res = peaks_result()
+    slow = {"memory": 0.5, "compute": 1.0}
+    inside, beyond = LLC / 2, 8 * LLC
+    for ws, factor in ((inside, 1.0), (beyond, 2.0)):
+        base = predicted(res, ws)
+        drifted = predicted(res, ws, slow)
+        assert drifted["t_memory_s"] == pytest.approx(factor * base["t_memory_s"])
+        assert drifted["t_compute_s"] == pytest.approx(base["t_compute_s"])
+        assert drifted["drift"] == {"memory": 0.5, "compute": 1.0}
+    # the compute factor scales the compute time wherever the working set lives
+    for ws in (inside, beyond):
+        base = predicted(res, ws, flops=1e12)
+        drifted = predicted(res, ws, {"memory": 1.0, "compute": 0.8}, flops=1e12)
+        assert drifted["t_compute_s"] == pytest.approx(base["t_compute_s"] / 0.8)
+
+
+def test_memory_drift_scales_main_memory_only_without_a_curve():
+    res = peaks_result(with_hierarchy=False)  # the level that holds it; LLC is 16 MiB here
+    slow = {"memory": 0.5, "compute": 1.0}
+    for ws, factor in ((8 << 20, 1.0), (1 << 30, 2.0)):
+        assert predicted(res, ws, slow)["t_memory_s"] == pytest.approx(
+            factor * predicted(res, ws)["t_memory_s"])
+
+
+def test_drift_factors_average_the_probes_over_the_reference():
+    ref = {"read_bytes_per_s": 3e10, "gemm_flops_per_s": 1e11}
+    before = {"read_bytes_per_s": 2.4e10, "gemm_flops_per_s": 1e11}
+    after = {"read_bytes_per_s": 1.8e10, "gemm_flops_per_s": 0.9e11}
+    f = phases.drift_factors(before, after, ref)
+    assert f["memory"] == pytest.approx(0.7) and f["compute"] == pytest.approx(0.95)
+    none = phases.drift_factors(None, None, ref)
+    assert none["memory"] == 1.0 and none["compute"] == 1.0
+    no_ref = phases.drift_factors(before, after, {"read_bytes_per_s": None})
+    assert no_ref["memory"] == 1.0
+
+
+def _timed(ratio, ws=1 << 30, rel=0.02, **kw):
+    """A point whose measured median makes measured/predicted == ratio."""
+    res = peaks_result()
+    t_pred = predicted(res, ws, **kw)["time_s"]
+    return phases.attach_prediction(point(ws, t=t_pred / ratio, rel=rel, **kw), res)
+
+
+def test_faster_than_the_roof_beyond_the_spreads_is_suspect():
+    p = _timed(1.5)
+    assert p["measured_over_predicted"] == pytest.approx(1.5)
+    assert p["suspect"] is True and "faster than its roof" in p["reason"]
+    # within the roof's (5% x 2 -> 0.10) and the point's (0.04) spreads: not suspect, in band
+    p = _timed(1.12)
+    assert p["suspect"] is False and p["reason"] is None
+    assert "outside_reason" not in p
+    # just beyond both spreads
+    assert _timed(1.15)["suspect"] is True
+
+
+def _has_number(text):
+    return re.search(r"\d+(\.\d+)?", text) is not None
+
+
+def test_outside_the_band_carries_a_reason_naming_a_measured_number():
+    fast = _timed(1.5)
+    assert "1.50" in fast["outside_reason"]
+    slow = _timed(0.5)  # memory-bound in main memory, XLA's own read reaches 20 GB/s
+    assert not slow["suspect"]
+    assert "XLA's own" in slow["outside_reason"] and "20.0 GB/s" in slow["outside_reason"]
+    floor_heavy = _timed(0.5, ws=1 << 16, nbytes=1e3, flops=1e3, kernels=20)
+    assert "per-call floor" in floor_heavy["outside_reason"]
+    assert "20 kernels" in floor_heavy["outside_reason"]
+    for p in (fast, slow, floor_heavy):
+        assert _has_number(p["outside_reason"])
+    # just inside the band: no reason
+    for ratio in (0.76, 1.0, 1.24):
+        assert "outside_reason" not in _timed(ratio)
+    assert "outside_reason" in _timed(0.74) and "outside_reason" in _timed(1.26)
+
+
+def test_reattaching_inside_the_band_drops_an_old_reason():
+    p = _timed(0.5)
+    assert "outside_reason" in p
+    p["timing"] = rate(p["predicted"]["time_s"])
+    phases.attach_prediction(p, peaks_result())
+    assert "outside_reason" not in p and p["measured_over_predicted"] == pytest.approx(1.0)
+
+
+# ------------------------------------------------------------------ derive_roofs, flag_points
+
+
+def test_synthetic_result_without_rounds_takes_stream_as_main_memory():
+    res = synthetic.result()
+    mem = {r["level"]: r for r in res["roofs"]["memory"]}
+    assert set(mem) == {"L1", "L2", "L3", "DRAM"}
+    assert mem["DRAM"]["source"].startswith("STREAM")
+    assert mem["DRAM"]["value"] == pytest.approx(synthetic.LEVEL_BW["DRAM"] / 1.01)
+    assert all(r["memory"] == "DRAM" for r in res["roofs"]["ridges"])
+    ridge = next(r for r in res["roofs"]["ridges"] if r["compute"] == "GEMM float32")
+    assert ridge["flops_per_byte"] == pytest.approx(2e11 / synthetic.LEVEL_BW["DRAM"])
+    # and a phase prediction works on it: the L3 roof in cache, DRAM beyond
+    pt = phases.attach_prediction(point(8 << 20), res)
+    assert pt["predicted"]["memory_level"] == "L3"
+    pt = phases.attach_prediction(point(1 << 30), res)
+    assert pt["predicted"]["memory_level"] == "DRAM"
+
+
+def _rounds_block(read_values, rw_values=(30e9, 31e9), gemm=(1.5e11, 1.6e11)):
+    table = {("gemm_float32", "XLA GEMM", True): list(gemm),
+             ("gemm_float32", "numpy matmul", False): [1.0e11, 1.1e11],
+             ("main_rw", "XLA in-place scale", True): [25e9, 26e9],
+             ("main_rw", "C triad", False): list(rw_values),
+             ("main_read", "XLA read (jnp.sum)", True): [20e9, 21e9],
+             ("main_read", "C read", False): list(read_values)}
+    rs = []
+    for i in range(2):
+        progs = [{"metric": m, "program": p, "ours": o, "amount": 1.0, "seconds": [1.0 / v[i]],
+                  "value": v[i]} for (m, p, o), v in table.items()]
+        rs.append({"round": i, "t_start": float(i), "t_end": i + 0.5, "programs": progs,
+                   "skipped": []})
+    return rounds.derive(rs)
+
+
+def _with_rounds(read_values, l3=(9e10, 0.02)):
+    res = copy.deepcopy(synthetic.result())
+    res["main_roofs"] = _rounds_block(read_values)
+    plats = [{"name": n, "bytes_per_s": v, "p10": v * (1 - r), "p90": v * (1 + r),
+              "lo_bytes": lo, "hi_bytes": hi}
+             for n, v, r, lo, hi in (("L1", 3e11, 0.02, 16e3, 64e3), ("L2", 1.5e11, 0.02, 1e5,
+                                                                       2e6),
+                                     ("L3", *l3, 4e6, 32e6))]
+    res["hierarchy"] = {"all_cores": {"program": "C read (test)", "plateaus": plats,
+                                      "cache_capacities": CAPS, "points": []},
+                        "checks": []}
+    spec = hardware.device_from_dict(res["spec"])
+    res["roofs"] = peaks.derive_roofs(res, spec)
+    return res
+
+
+def test_derive_roofs_with_rounds_labels_each_main_roof_with_its_program():
+    res = _with_rounds([40e9, 42e9])
+    comp = {r["name"]: r for r in res["roofs"]["compute"]}
+    assert comp["GEMM float32"]["program"] == "XLA GEMM"
+    assert comp["GEMM float32"]["value"] == pytest.approx(np.median([1.5e11, 1.6e11]))
+    mem = {r["level"]: r for r in res["roofs"]["memory"]}
+    assert mem["DRAM read"]["program"] == "C read" and not mem["DRAM read"]["suspect"]
+    assert mem["DRAM read"]["value"] == pytest.approx(41e9)
+    assert mem["DRAM"]["program"] == "C triad"
+    assert mem["L3"]["program"] == "C read (test)"  # caches from the native sweep
+    assert "STREAM" not in mem["DRAM"]["source"]
+    compiler = {r["name"]: r["value"] for r in res["roofs"]["compiler"]}
+    assert compiler["DRAM read-only (XLA jnp.sum)"] == pytest.approx(20.5e9)
+    assert compiler["GEMM float32 (XLA)"] == pytest.approx(1.55e11)
+    assert {r["memory"] for r in res["roofs"]["ridges"]} == {"DRAM", "DRAM read-only"}
+    checks = res["hierarchy"]["checks"]
+    assert checks[-1]["larger"] == "DRAM read-only" and checks[-1]["ok"]
+
+
+def test_main_read_faster_than_the_last_cache_is_flagged_and_not_a_ridge():
+    res = _with_rounds([95e9, 96e9], l3=(5e10, 0.02))  # DRAM read at 95 GB/s, L3 at 50
+    read = next(r for r in res["roofs"]["memory"] if r["level"] == "DRAM read")
+    assert read["suspect"] and "faster than the smaller L3" in read["reason"]
+    assert {r["memory"] for r in res["roofs"]["ridges"]} == {"DRAM"}
+    assert phases.prediction_inputs(res)["curve"] is None  # nothing trusted to end it at
+
+
+def test_flag_points_flags_only_points_above_their_roof():
+    res = copy.deepcopy(synthetic.result())
+    rw = next(r for r in res["roofs"]["memory"] if r["level"] == "DRAM")
+    ai = res["intensity"]["points"]
+    low = min(ai, key=lambda p: p["flops_per_byte"])
+    bound = rw["value"] * low["flops_per_byte"] * (1 + (rw["p90"] - rw["p10"]) / rw["value"])
+    low["flops_per_s"]["median"] = 1.2 * bound  # memory-side point far above I x DRAM
+    big = [p for p in res["sweep"]["points"] if p["working_set_bytes"] >= 4 * LLC]
+    assert big
+    big[0]["bytes_per_s"]["median"] = 3 * rw["value"]  # a "DRAM" sweep point above the roof
+    small = next(p for p in res["sweep"]["points"] if p["working_set_bytes"] < 4 * LLC)
+    small["bytes_per_s"]["median"] = 3 * rw["value"]  # in cache: allowed to be fast
+    peaks.flag_points(res)
+    assert low["suspect"] and "above its roof" in low["reason"]
+    assert big[0]["suspect"] and "not a main-memory figure" in big[0]["reason"]
+    assert not small["suspect"]
+    others = [p for p in ai if p is not low] + big[1:]
+    assert not any(p["suspect"] for p in others)
