@@ -159,6 +159,13 @@ def predict(flops: float, nbytes: float, compute: dict, memory: dict,
             "memory_bytes_per_s": memory["value"], "flops_per_s": flops / t if t else None}
 
 
+def _drift_cap(factor: float, roof: dict) -> float:
+    """A drift factor, capped so a roof of the moment never exceeds the best value the roof's
+    program reached in any round (its p90: the max over rounds): a probe that runs faster
+    than during the rounds says the machine is quiet, not that the hardware grew."""
+    return min(factor, roof["p90"] / roof["value"]) if roof.get("value") else factor
+
+
 def _memory_at(inputs: dict, working_set: float, m: float) -> dict:
     """Roof-like bandwidth for a working set: the curve (x drift beyond the LLC), else the
     level that holds it."""
@@ -169,10 +176,11 @@ def _memory_at(inputs: dict, working_set: float, m: float) -> dict:
         main = next(r for r in roofs["memory"] if r["level"].endswith(" read"))
         level = main["level"] if beyond else "cache (working-set curve)"
         return {"name": f"working-set curve at {working_set / 2**20:.1f} MiB", "level": level,
-                "value": bw * (m if beyond else 1.0), "spread": roofline.spread(main)}
+                "value": bw * (_drift_cap(m, main) if beyond else 1.0),
+                "spread": roofline.spread(main)}
     roof = memory_level(roofs, inputs.get("cache_capacities") or [], working_set)
     beyond = working_set > _llc(inputs)  # drift is main memory's: caches are not scaled
-    return {**roof, "value": roof["value"] * (m if beyond else 1.0),
+    return {**roof, "value": roof["value"] * (_drift_cap(m, roof) if beyond else 1.0),
             "spread": roofline.spread(roof)}
 
 
@@ -231,7 +239,7 @@ def attach_prediction(point: dict, peaks: dict, factors: dict | None = None) -> 
     inputs = prediction_inputs(peaks)
     factors = factors or {"memory": 1.0, "compute": 1.0}
     comp = compute_roof(inputs["roofs"], point["dtype"])
-    comp_now = {**comp, "value": comp["value"] * factors["compute"]}
+    comp_now = {**comp, "value": comp["value"] * _drift_cap(factors["compute"], comp)}
     mem = _memory_at(inputs, point["working_set_bytes"], factors["memory"])
     oh = inputs.get("overhead")
     floor = overhead.floor_s(oh, point.get("kernels", 0)) if oh else 0.0

@@ -45,8 +45,12 @@ def main_memory_roofs(peaks: dict) -> tuple[dict, dict]:
 REPORT_TIMING = Budget(budget_s=3.0)
 
 
-def _factor(point: dict, key: str) -> float:
-    return (point.get("drift") or {}).get(key, 1.0)
+def _factor(point: dict, key: str, roof_value: float) -> float:
+    """The roof of the point's moment (its prediction's, drift-scaled and capped at the best
+    round, phases._drift_cap) over the roof as measured in the rounds."""
+    pred = point.get("predicted") or {}
+    now = pred.get("memory_bytes_per_s" if key == "memory" else "compute_flops_per_s")
+    return now / roof_value if now else 1.0
 
 
 def measure_report(peaks: dict, timing: Budget = REPORT_TIMING, peer: bool = True,
@@ -60,7 +64,7 @@ def measure_report(peaks: dict, timing: Budget = REPORT_TIMING, peer: bool = Tru
                 for n in PREFILL_LENS]
     del phases
     (dram, best), gemm = main_memory_roofs(peaks), compute_roof(peaks["roofs"], cfg.dtype)
-    m, decode_bw = _factor(decode, "memory"), decode["bytes_per_s"]["median"]
+    m, decode_bw = _factor(decode, "memory", dram["value"]), decode["bytes_per_s"]["median"]
     out = {
         "model": MODEL, "params": costs.param_counts(cfg)["total"],
         "decode": decode, "prefill": prefills[0], "prefills": prefills,
@@ -74,7 +78,8 @@ def measure_report(peaks: dict, timing: Budget = REPORT_TIMING, peer: bool = Tru
         "decode_over_dram_unscaled": decode_bw / dram["value"],
         "decode_over_best_dram": decode_bw / best["value"],
         "prefill_over_gemm": [p["flops_per_s"]["median"] / (gemm["value"] *
-                                                             _factor(p, "compute"))
+                                                             _factor(p, "compute",
+                                                                     gemm["value"]))
                               for p in prefills],
         "prefill_over_gemm_unscaled": [p["flops_per_s"]["median"] / gemm["value"]
                                        for p in prefills],
@@ -154,7 +159,8 @@ def format_report(rep: dict) -> str:
             f"prefill batch 1 x {p['context']} tokens: {p['timing']['median'] * 1e3:.0f} ms, "
             f"{p['flops_per_s']['median'] / 1e9:.0f} GFLOP/s = {r:.2f} of the f32 GEMM roof at "
             f"its moment ({rep['gemm_roof_flops_per_s'] / 1e9:.0f} GFLOP/s x drift "
-            f"{_factor(p, 'compute'):.2f}; roof: {rep['gemm_roof_program']}; target >= "
+            f"{_factor(p, 'compute', rep['gemm_roof_flops_per_s']):.2f}; roof: "
+            f"{rep['gemm_roof_program']}; target >= "
             f"{TARGETS['prefill_over_gemm']}); {r0:.2f} of the roof as measured in the rounds")
     peer = rep.get("peer")
     if peer and peer.get("step_s"):

@@ -162,9 +162,11 @@ print("prefill intensity: below 2T/s, as the GEMM formula says")
 # %% [markdown]
 # ## Step 3 · Measure both phases on this machine
 #
-# First this machine's roofs, quickly (`microbench.peaks.quick_roofs`): a float32 GEMM (the
-# matrix roof), and a read and an in-place scale of an array larger than the last-level cache
-# (main memory's read-only and read+write roofs), all timed with `harness.time_fn`. Then
+# First this machine's roofs, quickly (`microbench.peaks.quick_roofs`): one round of the main
+# roofs (`microbench.rounds`) on a main-memory array of max(1 GiB, 16 x the last-level cache):
+# XLA's float32 GEMM, read and in-place scale beside numpy's matmul and a C read, scale and
+# triad on every core. Each roof is the program that reached the most, named beside its value;
+# what XLA alone reaches is kept as the compiler level. Then
 # `measure_point` times each compiled phase and places it beside its counted cost and its
 # roofline prediction $t = \max(\text{FLOPs}/P,\ \text{bytes}/\beta)$.
 

@@ -88,8 +88,8 @@ print({name: round(row[16] / row[1], 2) for name, row in counted.items()})
 # %% [markdown]
 # ## Step 2 · Measure decode FFN and the whole decode step against batch
 #
-# First this machine's roofs (one GEMM and one in-place scale larger than the last-level
-# cache, as in notebook 02), then `measure_point` at each batch.
+# First this machine's roofs (one round of XLA, numpy and C on the main roofs, as in
+# notebook 02), then `measure_point` at each batch.
 
 # %%
 PEAKS = peaks.quick_roofs(512 if QUICK else 2048, budget_s=TIMING.budget_s,
