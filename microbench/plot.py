@@ -199,8 +199,8 @@ def _draw_intensity(ax, result: dict, color, prefix: str):
     err = [[y - p["flops_per_s"]["p10"] for y, p in zip(ys, pts, strict=True)],
            [p["flops_per_s"]["p90"] - y for y, p in zip(ys, pts, strict=True)]]
     ax.errorbar(xs, ys, yerr=err, fmt="o:", color=color, ms=5, lw=1.2, capsize=3,
-                label=f"{prefix}AI sweep: FMA chain in place on a DRAM-sized buffer "
-                      f"(median, p10-p90)")
+                label=f"{prefix}AI sweep: FMA chain in place (main-memory buffer while it can be "
+                      f"memory-bound, 1/8 of it beyond 8 FLOP/B; median, p10-p90)")
 
 
 def _suspects(result: dict) -> list[tuple[float, float, str]]:
@@ -280,8 +280,8 @@ def roofline_figure(results: Sequence[dict], title: str | None = None) -> Figure
                  "spread).  Dashed: vendor or theoretical ceilings.\nDotted grey: what XLA "
                  "itself reaches.  Diamonds: ridge points against main memory.  Bytes are "
                  "algorithmic.", fontsize=10)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False,
-              fontsize=8)
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=2,
+               frameon=False, fontsize=8)
     return fig
 
 
@@ -322,9 +322,9 @@ def hierarchy_figure(results: Sequence[dict], title: str | None = None) -> Figur
                         xytext=(0, 6), fontsize=9, color=color)
         for name, cap in hier["all_cores"]["cache_capacities"]:
             ax.axvline(cap, color="0.5", ls="--", lw=1)
-            ax.annotate(f"{name} {cap / 2**20:.3g} MiB (all cores)", (cap, ax.get_ylim()[0]),
-                        rotation=90, fontsize=8, color="0.4", xytext=(-10, 10),
-                        textcoords="offset points")
+            ax.text(cap, 0.55, f"OS: {name} {cap / 2**20:.3g} MiB (all cores) ",
+                    transform=ax.get_xaxis_transform(), rotation=90, fontsize=8, color="0.4",
+                    ha="right", va="center")
     sweep = result["sweep"]["points"]
     ax.plot([p["working_set_bytes"] for p in sweep],
             [p["bytes_per_s"]["median"] for p in sweep], ":", color="0.45",

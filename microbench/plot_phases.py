@@ -131,6 +131,19 @@ def _place_roof_labels(fig, ax, labels: list, color: str = "0.25") -> None:
 
 # ----------------------------------------------------------------------- notes on points
 
+MAX_NOTES = 14  # footnote lines a figure can hold; the rest are in summary.md
+
+
+def short_reason(reason: str) -> str:
+    """The most specific clause of a point's measured reason (the slowest op, else what the
+    compiler's own kernel reaches, else the first clause), for a one-line footnote."""
+    parts = [p.strip() for p in reason.split(";") if p.strip()]
+    pick = (next((p for p in parts if p.startswith("slowest op")), None)
+            or next((p for p in parts if p.startswith("XLA's own")), None)
+            or (parts[0] if parts else reason))
+    return textwrap.shorten(pick, 120)
+
+
 class Notes:
     """Marks on measured points and the footnote that explains them: a circle and number for
     measured/predicted outside BAND (number = the point's reason: `outside_reason`, else
@@ -150,7 +163,7 @@ class Notes:
         ratio = point.get("measured_over_predicted")
         if ratio is None or BAND[0] <= ratio <= BAND[1]:
             return None
-        reason = point.get("outside_reason") or "unexplained"
+        reason = short_reason(point.get("outside_reason") or "unexplained")
         self.reasons.setdefault(reason, {})[self._id(point)] = ratio
         return list(self.reasons).index(reason) + 1
 
@@ -175,10 +188,14 @@ class Notes:
 
     def text(self) -> str:
         lines = [f"{k}: {reason} ({len(r)} point{'s' * (len(r) > 1)}, measured/predicted "
-                 f"{min(r.values()):.3g}-{max(r.values()):.3g})" for k, (reason, r) in
+                 f"{min(r.values()):.2g}-{max(r.values()):.2g})" for k, (reason, r) in
                  enumerate(self.reasons.items(), 1)]
         lines += [f"X ({SUSPECT_LABEL}): {s}" for s in self.suspects.values()]
-        return "\n".join(textwrap.fill(line, 170) for line in lines)
+        if len(lines) > MAX_NOTES:
+            more = len(lines) - MAX_NOTES + 1
+            lines = lines[:MAX_NOTES - 1] + [f"... {more} more: every reason in full in "
+                                             f"summary.md and phases.json (outside_reason)"]
+        return "\n".join(textwrap.shorten(line, 175) for line in lines)
 
     def footnote(self, fig) -> None:
         if self.reasons or self.suspects:
@@ -332,7 +349,7 @@ def phases_roofline_figure(results: Sequence[dict], title: str | None = None) ->
     One machine: colours are variants. Several machines (e.g. this CPU and a GPU): colours
     are machines, each with its own roofs."""
     runs = _phases_of(results)
-    fig, ax = new_figure(12, 9.5)
+    fig, ax = new_figure(17, 12)
     legend, notes, labels = {}, Notes(), []
     for i, result in enumerate(runs):
         points = [{**p, "machine": result["machine"]} for p in result["points"]
@@ -371,7 +388,8 @@ def phases_roofline_figure(results: Sequence[dict], title: str | None = None) ->
     decode = next((p["context"] for p in points if p["phase"] != "prefill"), "?")
     ax.set_title(f"{roofline_claim(points)}\nBatch 1; prefill of {prefill} tokens; decode at "
                  f"context {decode}.  Error bars: p10-p90.", fontsize=10)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3, frameon=False)
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside right upper", ncol=1,
+               frameon=False, fontsize=8.5)
     notes.footnote(fig)
     _place_roof_labels(fig, ax, labels)
     return fig
