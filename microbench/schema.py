@@ -12,8 +12,16 @@ A results file (`peaks.json`, written by `python -m microbench peaks`) is one JS
     sweep           object  {kernel, byte_convention, points: [measurement], plateaus: [...]}
     intensity       object  {kernel, working_set_bytes, points: [measurement]}
     roofs           object  {compute: [roof], memory: [roof]}
-    compare         object  optional: peer programs and ratios ours/peer (peaks --compare)
+    rounds          list    optional: the interleaved rounds (microbench.rounds.measure_round)
+    main_roofs      object  optional: per metric, the best program over the rounds, its
+                            stability and ours/peer ratios (microbench.rounds.derive)
+    drift           object  optional: per metric, the best program's value round by round
+    hierarchy       object  optional: the native per-level sweep and its monotone checks
+    overhead        object  optional: dispatch and per-kernel cost (microbench.overhead)
     plan, wall_s            optional: the sizes and budgets used, and the run's wall time
+
+roofs may also hold `compiler` (what XLA itself reaches: never a roof) and `ridges`
+(microbench.roofline.ridge of the matrix/vector roofs over main memory's roofs).
 
 A measurement is {name, flops, bytes, timing, flops_per_s, bytes_per_s, suspect, reason, ...}
 with kernel parameters beside them (shape, dtype, K, k, working_set_bytes, donated ...).
@@ -165,13 +173,19 @@ def validate_result(obj) -> dict:
 #
 #     schema_version, kind = "microbench.phases", machine, quick, environment, wall_s
 #     model    {preset, params, dtype, config}
-#     peaks    {machine, roofs: {compute, memory}, cache_capacities: [[level, bytes], ...]}
+#     peaks    what predictions use (microbench.phases.prediction_inputs): {machine, roofs,
+#              cache_capacities, curve: [[bytes, bytes/s]], overhead, probe_bytes,
+#              probe_reference}
 #     plan     the sweep plan (microbench.sweeps.PhasePlan)
 #     points   [point]: {sweep, sweeps?, variant, label, phase, batch, context, tokens, dtype,
 #              flops, bytes, weight_bytes, kv_bytes, act_bytes, intensity, ops: {op: counts},
 #              timing, flops_per_s, bytes_per_s, tokens_per_s, working_set_bytes,
-#              predicted: {time_s, bound, memory_level, flops_per_s, ...} | absent,
-#              measured_over_predicted}
+#              kernels (launched by the compiled phase), timed ("warm: ..." | "cold: ..."),
+#              drift {memory, compute, before, after} (probe factors),
+#              predicted: {time_s, bound: compute|memory|overhead, floor_s, memory_level,
+#              flops_per_s, drift, ...} | absent, measured_over_predicted,
+#              suspect, reason (faster than its roof beyond the spreads),
+#              outside_reason (outside 0.75-1.25: measured), breakdown {top, rows} (full run)}
 #     modelled {throughput: [...], crossover: [...], kv: [...]}  (refmodel.costs on spec devices)
 #     report   null, or the speed report (microbench.report.measure_report)
 #

@@ -198,7 +198,17 @@ def test_cli_json_has_the_documented_fields(capsys):
     assert set(out["phases"]) == set(refmodel.PHASES)
     for phase, pc in out["phases"].items():
         assert pc["flops"] == pytest.approx(sum(op["flops"] for op in pc["ops"].values()))
-        assert pc["bytes"] == costs.phase_costs(cfg, phase, 4, 512)["bytes"]
+        # real presets are counted as an engine runs them (a window reads min(S, W) keys)
+        assert pc["bytes"] == costs.phase_costs(cfg, phase, 4, 512, count="engine")["bytes"]
+    assert out["count"] == "engine"
+    assert cli.main(["costs", "--preset", "gpt-oss-20b", "--batch", "4", "--context", "64",
+                     "--count", "implementation", "--json"]) == 0
+    ring = json.loads(capsys.readouterr().out)["phases"]["decode_attention"]
+    assert cli.main(["costs", "--preset", "gpt-oss-20b", "--batch", "4", "--context", "64",
+                     "--json"]) == 0
+    engine = json.loads(capsys.readouterr().out)["phases"]["decode_attention"]
+    # gpt-oss's 128-token windows at context 64: the ring reads all W slots, an engine S + 1
+    assert ring["bytes"] > engine["bytes"]
 
 
 def test_cli_tables_and_errors(capsys):
