@@ -35,7 +35,10 @@ import os
 import shutil
 import subprocess
 import tempfile
+import weakref
 from pathlib import Path
+
+from microbench.peers import close_child, peer_environment
 
 BYTES_PER_ELEMENT = {"read": 4, "scale_inplace": 8, "triad": 12}
 
@@ -196,8 +199,6 @@ def _binary() -> Path:
 
 
 def _env() -> dict:
-    from microbench.peers import peer_environment
-
     return {**peer_environment(), "OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}
 
 
@@ -229,6 +230,8 @@ class Server:
         self._proc = subprocess.Popen([str(_binary()), "serve", str(n), str(self.threads)],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True, env=_env())
+        # ends the child when closed, collected or at exit (before modules are torn down)
+        self._finalizer = weakref.finalize(self, close_child, self._proc, "0\n")
         self.n = json.loads(self._readline())["n"]
 
     def _readline(self) -> str:
@@ -244,16 +247,7 @@ class Server:
         return json.loads(self._readline())
 
     def close(self) -> None:
-        if self._proc.poll() is None:
-            try:
-                self._proc.stdin.write("0\n")
-                self._proc.stdin.close()
-                self._proc.wait(timeout=30)
-            except (OSError, subprocess.TimeoutExpired):
-                self._proc.kill()
-
-    def __del__(self):
-        self.close()
+        self._finalizer()
 
 
 def sweep(lo: int, hi: int, ratio: float, min_bytes: int, threads: int) -> list[dict]:

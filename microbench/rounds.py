@@ -26,10 +26,12 @@ import json
 import subprocess
 import sys
 import time
+import weakref
 
 import numpy as np
 
 from microbench import harness, native
+from microbench.peers import close_child, peer_environment
 
 METRICS = ("gemm_float32", "main_rw", "main_read")
 PROBES = ("probe", "probe_gemm")  # references for microbench.probe
@@ -83,13 +85,13 @@ class NumpyPeer:
     (arrays made once; one measurement per `measure()`)."""
 
     def __init__(self, shape, n: int, samples: int = 5):
-        from microbench.peers import peer_environment
-
         cfg = json.dumps({"gemm": list(shape), "n": int(n), "samples": samples})
         self._proc = subprocess.Popen([sys.executable, "-c", _NUMPY_SCRIPT, cfg],
                                       env=peer_environment(), stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True)
+        # ends the child when closed, collected or at exit (before modules are torn down)
+        self._finalizer = weakref.finalize(self, close_child, self._proc)
         self._readline()
 
     def _readline(self) -> dict:
@@ -105,15 +107,7 @@ class NumpyPeer:
         return self._readline()
 
     def close(self) -> None:
-        if self._proc.poll() is None:
-            try:
-                self._proc.stdin.close()
-                self._proc.wait(timeout=30)
-            except (OSError, subprocess.TimeoutExpired):
-                self._proc.kill()
-
-    def __del__(self):
-        self.close()
+        self._finalizer()
 
 
 def _program(metric: str, name: str, ours: bool, amount: float, seconds) -> dict:
