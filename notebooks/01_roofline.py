@@ -190,9 +190,10 @@ print("triad counts agree with XLA; I = 1/6")
 # hierarchy says it must be faster than main memory.
 
 # %%
-# CHECK (fails on a wrong measurement): the cache is not slower than main memory (its median
-# above main memory's p10). On this shared 2-core machine the margin between the two moves a
-# lot from run to run (1.3x to 5x in quick mode), so the check asks only for the order.
+# CHECK (fails on a wrong measurement): the cache is not slower than main memory (its fastest
+# sample above main memory's median). On this shared 2-core machine the margin between the two
+# moves a lot from run to run (1.3x to 5x in quick mode), and a busy neighbour only slows a
+# sample down, so the check asks for the order of the best the cache reached.
 n_small = llc // 16  # a quarter of the last-level cache, in float32
 t = harness.time_fn(scale.fn, *bandwidth.kernel_args(scale, n_small), donate_argnums=(0,),
                     **BUDGET)
@@ -203,7 +204,7 @@ cache_bw = cache_point["bytes_per_s"]
 print(f"scale in place, {n_small * 4 >> 20} MiB (in cache): "
       f"{plot.fmt_si(cache_bw['median'], 'B/s')}"
       f" vs main memory {plot.fmt_si(BETA, 'B/s')}")
-assert cache_bw["median"] > best_bw["bytes_per_s"]["p10"], (
+assert cache_bw["max"] > best_bw["bytes_per_s"]["median"], (
     "main memory measured faster than the cache: wrong byte count or array size?",
     cache_bw, best_bw["bytes_per_s"])
 
