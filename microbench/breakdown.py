@@ -1,7 +1,7 @@
 """Where the time goes: one phase's measured time per op, beside the counted FLOPs and bytes.
 
 Regime: one compiled phase of the reference model (`refmodel.Phases(model).jitted[phase]`,
-the callable `microbench.phases.measure_point` times and the compiler cross-check lowers) at a
+the callable `microbench.points.measure_point` times and the compiler cross-check lowers) at a
 given batch and context, with the cache donated and carried from call to call as the phase
 benchmark does. Its counted cost per op comes from `refmodel.costs.phase_costs(...)["ops"]`.
 
@@ -49,11 +49,11 @@ import jax
 
 import refmodel
 from microbench import harness
-from microbench.phases import Budget, describe
+from microbench.points import Budget, describe
+from microbench.schema import KIND_BREAKDOWN
 from refmodel import costs
 from refmodel.phases import donation
 
-KIND_BREAKDOWN = "microbench.breakdown"
 # The fine named scopes of refmodel (grep `named_scope(` in refmodel/); the phase and block
 # scopes (forward, prefill, decode, decode_attention, decode_ffn, attention, ffn) are not ops.
 SCOPES = ("embed", "qkv_proj", "rope", "kv_write", "kv_expand", "absorb", "attn_scores",

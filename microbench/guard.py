@@ -3,13 +3,14 @@
 The ceiling of a compute measurement is the spec's peak for its dtype (the vendor's dense
 figure, or the theoretical peak of the computed "cpu" entry); the ceiling of a bandwidth
 measurement at a memory level is the spec's bandwidth for that level when it has one. Typical
-causes of a value above its ceiling (METHOD.md): wrong units, a sparse figure taken as dense,
+causes of a value above its ceiling: wrong units, a sparse figure taken as dense,
 the wrong dtype, a cache-resident buffer counted as DRAM, bytes or FLOPs counted twice, or
 work the compiler removed (constant folding, fusion across what should be separate passes).
 """
 
 from __future__ import annotations
 
+from microbench import roofline
 from microbench.hardware import Device, spec_dtype
 
 TOLERANCE = 1.0  # flag anything strictly above the ceiling: the ceilings are upper bounds
@@ -21,12 +22,15 @@ def compute_ceiling(spec: Device | None, dtype: str) -> float | None:
     return spec.peak_flops.get(spec_dtype(dtype))
 
 
-def memory_ceiling(spec: Device | None, level: str) -> float | None:
+def memory_ceiling(spec: Device | None, memory: str, main: bool | None = None) -> float | None:
+    """The spec's bandwidth of level `memory`; for main memory (`main`, by default
+    roofline.is_main_memory of the name) the spec's main-memory bandwidth, whatever its name."""
     if spec is None:
         return None
-    if level in spec.memory_bandwidth:
-        return spec.memory_bandwidth[level]
-    if level in ("DRAM", "HBM", "SRAM") and spec.main_memory in spec.memory_bandwidth:
+    if memory in spec.memory_bandwidth:
+        return spec.memory_bandwidth[memory]
+    main = roofline.is_main_memory(memory) if main is None else main
+    if main and spec.main_memory in spec.memory_bandwidth:
         return spec.memory_bandwidth[spec.main_memory]
     return None
 
@@ -66,7 +70,8 @@ def flag_roof(roof: dict, spec: Device | None) -> dict:
     if roof["kind"] == "compute":
         ceiling, unit = compute_ceiling(spec, roof["dtype"]), "FLOP/s"
     else:
-        ceiling, unit = memory_ceiling(spec, roof["level"]), "B/s"
+        level = roofline.levels(roof)
+        ceiling, unit = memory_ceiling(spec, level["memory"], level["main"]), "B/s"
     roof["suspect"], roof["reason"] = check(roof["value"], ceiling, roof["name"], unit,
                                             spec.name if spec else "")
     return roof

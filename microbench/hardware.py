@@ -27,7 +27,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from microbench import sysinfo
+from microbench import roofline, sysinfo
 
 DATA = Path(__file__).parent / "data" / "hardware.json"
 DTYPES = ("float32", "tf32", "bfloat16", "float16", "float8", "int8", "float4")
@@ -174,7 +174,9 @@ def ridge_point(device: Device, dtype: str | None = None, level: str | None = No
     if level not in device.memory_bandwidth:
         raise KeyError(f"{device.name}: no bandwidth for {level!r}; "
                        f"have {sorted(device.memory_bandwidth)}")
-    return device.peak_flops[spec_dtype(dtype)] / device.memory_bandwidth[level]
+    compute = {"name": f"{device.name} {dtype}", "value": device.peak_flops[spec_dtype(dtype)]}
+    memory = {"name": f"{device.name} {level}", "value": device.memory_bandwidth[level]}
+    return roofline.ridge(compute, memory)["flops_per_byte"]
 
 
 # ---------------------------------------------------------------------------- this machine
@@ -318,7 +320,7 @@ def cpu_device() -> Device:
     return Device(
         name="cpu", vendor=cpu_id.get("vendor") or "unknown", kind="cpu",
         peak_flops={k: cores * v * hz for k, v in per_cycle.items()},
-        memory_bandwidth={}, main_memory="DRAM", memory_bytes=_mem_total_bytes(),
+        memory_bandwidth={}, main_memory=roofline.DRAM, memory_bytes=_mem_total_bytes(),
         sources=(f"derived on this machine from /proc/cpuinfo flags, sched_getaffinity and "
                  f"the clock ({hz_how}); model {sysinfo.cpu_model(info)!r}",
                  *([arch["source"]] if arch else [])),

@@ -1,7 +1,7 @@
 """The timing harness every benchmark in the project uses, plus the environment block and
 atomic result writers.
 
-Method (see METHOD.md; after the ERT, BabelStream and the JAX "benchmarking" FAQ):
+Method (the README's method section; after the ERT, BabelStream and the JAX "benchmarking" FAQ):
 compile outside the timer (`jax.jit(f).lower(*args).compile()`), run untimed warm-ups,
 block with `jax.block_until_ready`, make every sample last at least `min_sample_s` by queueing
 several calls in one sample, and repeat until the coefficient of variation falls below

@@ -13,7 +13,7 @@ interpolate (microbench.roofline.curve_bandwidth).
 
 from __future__ import annotations
 
-from microbench import harness, native, plateaus, sysinfo
+from microbench import harness, native, plateaus, roofline, sysinfo
 
 RATIO = 1.41  # geometric step of the ladder (about two points per doubling)
 MIN_BYTES = 128 << 20  # bytes moved per timed call, so small slices are timed well
@@ -47,11 +47,13 @@ def check_monotone(plateau_list: list[dict], main_read: dict | None = None) -> l
     """Each level's bandwidth must not exceed the smaller level's (beyond both spreads).
 
     Returns one record per adjacent pair: {smaller, larger, ok, reason}. `main_read` (a roof
-    {name, value, p10, p90}) is appended as the last level when given."""
+    {name, level, value, p10, p90}) is appended as the last level when given, in place of
+    the plateau of its level."""
     levels = [{"name": q["name"], "value": q["bytes_per_s"], "p10": q["p10"], "p90": q["p90"]}
               for q in plateau_list]
     if main_read is not None:
-        levels = [lv for lv in levels if lv["name"] != main_read["level"].split()[0]]
+        main = roofline.levels(main_read)["memory"]
+        levels = [lv for lv in levels if lv["name"] != main]
         levels.append({"name": main_read["name"], "value": main_read["value"],
                        "p10": main_read["p10"], "p90": main_read["p90"]})
     out = []

@@ -141,7 +141,7 @@ def measure_vector(plan: Plan, spec, progress: bool = True) -> list[dict]:
 
 def measure_bandwidth(plan: Plan, spec, env: dict, source: np.ndarray,
                       progress: bool = True) -> list[dict]:
-    n, main = plan.dram_array_bytes // 4, main_memory_name(env)
+    n, main = plan.dram_array_bytes // 4, roofline.main_memory_name(env)
     # Donated (in place) for every kernel that writes; fresh output only for scale, the lesson
     # of what page faults on new output cost (on these VMs ~1.7 s per GiB, a slow path).
     jobs = [(kern, donated) for kern in bandwidth.KERNELS.values()
@@ -173,10 +173,9 @@ def measure_sweep(plan: Plan, spec, env: dict, source: np.ndarray,
         points.append(entry("scale_inplace_sweep", t, float(n * R), bandwidth.sweep_bytes(n, 4, R),
                             dtype="float32", working_set_bytes=ws, repeats=R))
     caches = memory_levels(env, spec)
-    memory_name = main_memory_name(env)
     found = plateaus.find_plateaus([p["working_set_bytes"] for p in points],
                                    [p["bytes_per_s"]["median"] for p in points], caches,
-                                   memory_name)
+                                   roofline.main_memory_name(env))
     for p in points:
         level = next((q.name for q in found if q.lo_bytes <= p["working_set_bytes"] <= q.hi_bytes),
                      None)
@@ -213,10 +212,6 @@ def measure_intensity(plan: Plan, spec, source: np.ndarray, progress: bool = Tru
             "working_set_bytes": plan.dram_array_bytes, "points": points}
 
 
-def main_memory_name(env: dict) -> str:
-    return "DRAM" if env["backend"] == "cpu" else "HBM"
-
-
 def memory_levels(env: dict, spec) -> list[tuple[str, int]]:
     """[(level, bytes)] small to large: on a CPU the OS's caches, aggregated over the cores
     this process may use; on an accelerator the spec entry's on-chip caches (the host's
@@ -232,18 +227,27 @@ def _best(entries: list[dict], rate: str) -> dict | None:
     return max(ok, key=lambda e: e[rate]["median"], default=None)
 
 
-def _roof(name, kind, key, value_entry, rate, source, spec) -> dict:
+def _compute(dtype: str) -> dict:
+    """What places a compute roof: its kind and dtype."""
+    return {"kind": "compute", "dtype": dtype}
+
+
+def _memory(memory: str, access: str, main: bool = True) -> dict:
+    """What places a memory roof: its kind and level (roofline.level_fields)."""
+    return {"kind": "memory", **roofline.level_fields(memory, access, main)}
+
+
+def _roof(name, key: dict, value_entry, rate, source, spec) -> dict:
     r = value_entry[rate]
-    roof = {"name": name, "kind": kind, ("dtype" if kind == "compute" else "level"): key,
-            "value": r["median"], "p10": r["p10"], "p90": r["p90"], "source": source}
+    roof = {"name": name, **key, "value": r["median"], "p10": r["p10"], "p90": r["p90"],
+            "source": source}
     return guard.flag_roof(roof, spec)
 
 
-def _main_roof(name: str, kind: str, key: str, block: dict, spec) -> dict:
+def _main_roof(name: str, key: dict, block: dict, spec) -> dict:
     """A roof from a rounds.derive block: the best program's median over the rounds."""
     n = len(block["round_values"])
-    roof = {"name": name, "kind": kind, ("dtype" if kind == "compute" else "level"): key,
-            "value": block["value"], "p10": block["p10"], "p90": block["p90"],
+    roof = {"name": name, **key, "value": block["value"], "p10": block["p10"], "p90": block["p90"],
             "source": f"{block['program']}, median of {n} interleaved round"
                       f"{'s' if n > 1 else ''}",
             "program": block["program"], "ours_is_roof": block["ours_is_roof"],
@@ -257,19 +261,21 @@ def _compiler_roofs(result: dict, main: str) -> list[dict]:
     """What XLA itself reaches, kept beside the hardware's roofs (never drawn as a roof)."""
     out = []
     mr = result.get("main_roofs", {})
-    for metric, name, kind, key in (("gemm_float32", "GEMM float32 (XLA)", "compute", "float32"),
-                                    ("main_read", f"{main} read-only (XLA jnp.sum)", "memory",
-                                     f"{main} read"),
-                                    ("main_rw", f"{main} (XLA in-place scale)", "memory", main)):
+    for metric, name, key in (("gemm_float32", "GEMM float32 (XLA)", _compute("float32")),
+                              ("main_read", f"{main} read-only (XLA jnp.sum)",
+                               _memory(main, roofline.READ)),
+                              ("main_rw", f"{main} (XLA in-place scale)",
+                               _memory(main, roofline.READ_WRITE))):
         ours = (mr.get(metric) or {}).get("ours")
         if ours:
-            out.append({"name": name, "kind": kind, ("dtype" if kind == "compute" else "level"):
-                        key, "value": ours["median"], "p10": ours["min"], "p90": ours["max"],
-                        "source": ours["program"], "suspect": False, "reason": None})
+            out.append({"name": name, **key, "value": ours["median"], "p10": ours["min"],
+                        "p90": ours["max"], "source": ours["program"], "suspect": False,
+                        "reason": None})
     for q in result["sweep"]["plateaus"]:
         if q["name"] != main:
-            out.append({"name": f"{q['name']} (XLA sweep)", "kind": "memory",
-                        "level": q["name"], "value": q["bytes_per_s"], "p10": q["p10"],
+            out.append({"name": f"{q['name']} (XLA sweep)",
+                        **_memory(q["name"], roofline.READ_WRITE, main=False),
+                        "value": q["bytes_per_s"], "p10": q["p10"],
                         "p90": q["p90"], "source": "XLA in-place scale sweep plateau "
                         f"{q['lo_bytes']:.0f}-{q['hi_bytes']:.0f} B", "suspect": False,
                         "reason": None})
@@ -279,16 +285,18 @@ def _compiler_roofs(result: dict, main: str) -> list[dict]:
 def _cache_roofs(result: dict, main: str, spec) -> list[dict]:
     """Cache levels from the native all-core sweep (else XLA's sweep), hierarchy-checked."""
     hier = result.get("hierarchy")
-    if hier:
+    if hier:  # the native read kernel
         found, program = hier["all_cores"]["plateaus"], hier["all_cores"]["program"]
-    else:
+        access = roofline.READ
+    else:  # XLA's in-place scale
         found, program = result["sweep"]["plateaus"], "XLA in-place scale sweep (no C peer)"
+        access = roofline.READ_WRITE
     bad = {c["larger"]: c["reason"] for c in (hier or {}).get("checks", []) if not c["ok"]}
     out = []
     for q in found:
         if q["name"] == main:
             continue
-        roof = guard.flag_roof({"name": q["name"], "kind": "memory", "level": q["name"],
+        roof = guard.flag_roof({"name": q["name"], **_memory(q["name"], access, main=False),
                                 "value": q["bytes_per_s"], "p10": q["p10"], "p90": q["p90"],
                                 "source": f"{program}, plateau {q['lo_bytes'] / 1024:.0f}-"
                                           f"{q['hi_bytes'] / 1024:.0f} KiB",
@@ -302,11 +310,11 @@ def _cache_roofs(result: dict, main: str, spec) -> list[dict]:
 def derive_roofs(result: dict, spec) -> dict:
     """The hardware's roofs: main roofs from the rounds (best program), cache levels from the
     fixed-thread-count sweep, other dtypes and the vector unit from their own sections."""
-    main = main_memory_name(result["environment"])
+    main = roofline.main_memory_name(result["environment"])
     mr = result.get("main_roofs") or {}
     compute_roofs = []
     if "gemm_float32" in mr:
-        compute_roofs.append(_main_roof("GEMM float32", "compute", "float32", mr["gemm_float32"],
+        compute_roofs.append(_main_roof("GEMM float32", _compute("float32"), mr["gemm_float32"],
                                         spec))
     for dtype in dict.fromkeys(e["dtype"] for e in result["gemm"]):
         if dtype == "float32" and "gemm_float32" in mr:
@@ -314,7 +322,7 @@ def derive_roofs(result: dict, spec) -> dict:
         best = _best([e for e in result["gemm"] if e["dtype"] == dtype], "flops_per_s")
         if best:
             src = f"GEMM {'x'.join(map(str, best['shape']))} ({best['ran']})"
-            compute_roofs.append(_roof(f"GEMM {dtype}", "compute", dtype, best, "flops_per_s",
+            compute_roofs.append(_roof(f"GEMM {dtype}", _compute(dtype), best, "flops_per_s",
                                        src, spec))
     # The vector roof: the best FMA chain, from the (K, k) sweep or the in-place AI sweep
     # (both are the same kernel; the AI sweep's high-intensity end often finds more ILP).
@@ -322,20 +330,21 @@ def derive_roofs(result: dict, spec) -> dict:
                                  if p["flops_per_byte"] >= 8]
     best = _best(chains, "flops_per_s")
     if best:
-        compute_roofs.append(_roof("vector FMA float32", "compute", "float32", best,
+        compute_roofs.append(_roof("vector FMA float32", _compute("float32"), best,
                                    "flops_per_s", f"FMA chain ({best['name']}) K={best['K']} "
                                    f"k={best['k']}", spec))
     memory_roofs = _cache_roofs(result, main, spec)
-    for metric, name, level in (("main_rw", main, main),
-                                ("main_read", f"{main} read-only", f"{main} read")):
+    for metric, name, access in (("main_rw", main, roofline.READ_WRITE),
+                                 ("main_read", f"{main} read-only", roofline.READ)):
         if metric in mr:
-            memory_roofs.append(_main_roof(name, "memory", level, mr[metric], spec))
+            memory_roofs.append(_main_roof(name, _memory(main, access), mr[metric], spec))
     if not mr:  # results without rounds (synthetic data): the best STREAM kernel
         stream = _best(result["bandwidth"], "bytes_per_s")
         if stream:
-            memory_roofs.append(_roof(main, "memory", main, stream, "bytes_per_s",
-                                      f"STREAM {stream['name']}, algorithmic bytes", spec))
-    read = next((r for r in memory_roofs if r["level"] == f"{main} read"), None)
+            memory_roofs.append(_roof(main, _memory(main, roofline.READ_WRITE), stream,
+                                      "bytes_per_s", f"STREAM {stream['name']}, algorithmic "
+                                      "bytes", spec))
+    read = roofline.main_roof(memory_roofs, roofline.READ, include_suspect=True)
     hier = result.get("hierarchy")
     if hier and read:  # the last step of the ladder: the last cache level vs main memory
         hier["checks"] = hierarchy.check_monotone(hier["all_cores"]["plateaus"], read)
@@ -344,15 +353,7 @@ def derive_roofs(result: dict, spec) -> dict:
                 read["suspect"], read["reason"] = True, c["reason"]
     return {"compute": compute_roofs, "memory": memory_roofs,
             "compiler": _compiler_roofs(result, main),
-            "ridges": ridges(compute_roofs, memory_roofs, main)}
-
-
-def ridges(compute_roofs: list[dict], memory_roofs: list[dict], main: str) -> list[dict]:
-    """Every ridge point the figures draw, each naming the two roofs it divides: the matrix
-    and vector roofs over main memory's read-only and read+write roofs."""
-    ok_c = [r for r in compute_roofs if not r.get("suspect")]
-    ok_m = [r for r in memory_roofs if not r.get("suspect") and r["level"].split()[0] == main]
-    return [roofline.ridge(c, m) for c in ok_c for m in ok_m]
+            "ridges": roofline.ridges(compute_roofs, memory_roofs)}
 
 
 def flag_points(result: dict) -> None:
@@ -360,8 +361,7 @@ def flag_points(result: dict) -> None:
     AI-sweep points against min(vector roof, I x main memory), sweep points in main memory
     against the main read+write roof. Suspect points are never roofs."""
     roofs = result["roofs"]
-    main = main_memory_name(result["environment"])
-    rw = next((r for r in roofs["memory"] if r["level"] == main), None)
+    rw = roofline.main_roof(roofs["memory"], roofline.READ_WRITE, include_suspect=True)
     vec = next((r for r in roofs["compute"] if r["name"].startswith("vector")), None)
     for p in result["intensity"]["points"]:
         if p["suspect"] or rw is None:
@@ -375,7 +375,7 @@ def flag_points(result: dict) -> None:
                 f"FLOP/B is above its roof {bound['value'] / 1e9:.1f} (min of the vector roof "
                 f"and I x {rw['name']}) beyond the roof's spread: part of the buffer stayed in "
                 f"cache, or the byte count is wrong")
-    llc = max((c for _, c in result["sweep"].get("cache_capacities", [])), default=None)
+    llc = roofline.last_level_bytes(result["sweep"].get("cache_capacities")) or None
     for p in result["sweep"]["points"]:
         if p["suspect"] or rw is None or llc is None or p["working_set_bytes"] < 4 * llc:
             continue
@@ -438,7 +438,7 @@ def measure(quick: bool, progress: bool = True, n_rounds: int | None = None) -> 
     result["bandwidth"] = measure_bandwidth(plan, spec, env, source, progress)
     if plan.rounds > 2:
         a_round()
-    main = main_memory_name(env)
+    main = roofline.main_memory_name(env)
     if env["backend"] == "cpu":
         result["hierarchy"] = hierarchy.measure(env, main, plan.dram_array_bytes, quick)
     result["sweep"] = measure_sweep(plan, spec, env, source, progress)
@@ -486,10 +486,10 @@ def measure_peaks(quick: bool, out_dir, progress: bool = True, rounds_: int | No
     result = measure(quick, progress, rounds_)
     harness.write_json_atomic(out / "peaks.json", validate_result(result))
     harness.write_csv_atomic(out / "peaks.csv", csv_rows(result))
-    from microbench import plot
+    from microbench import plots
 
-    plot.save(plot.roofline_figure([result]), out / "roofline.png")
-    plot.save(plot.hierarchy_figure([result]), out / "hierarchy.png")
+    plots.save(plots.roofline_figure([result]), out / "roofline.png")
+    plots.save(plots.hierarchy_figure([result]), out / "hierarchy.png")
     return result
 
 
@@ -502,7 +502,7 @@ def quick_roofs(n_gemm: int = 1024, array_bytes: int | None = None, budget_s: fl
     labelled with its name; guard rails applied."""
     env = harness.environment()
     spec = hardware.device_for_environment(env)
-    main = main_memory_name(env)
+    main = roofline.main_memory_name(env)
     llc = max((size for _, size in memory_levels(env, spec)), default=32 << 20)
     if array_bytes is None:
         array_bytes = main_array_bytes(llc, sysinfo.mem_available_bytes())
@@ -514,11 +514,12 @@ def quick_roofs(n_gemm: int = 1024, array_bytes: int | None = None, budget_s: fl
     peers.close()
     del ours
     mr = rounds.derive(one)
-    roofs = {"compute": [_main_roof("GEMM float32", "compute", "float32", mr["gemm_float32"],
+    roofs = {"compute": [_main_roof("GEMM float32", _compute("float32"), mr["gemm_float32"],
                                     spec)],
-             "memory": [_main_roof(main, "memory", main, mr["main_rw"], spec),
-                        _main_roof(f"{main} read-only", "memory", f"{main} read",
+             "memory": [_main_roof(main, _memory(main, roofline.READ_WRITE), mr["main_rw"],
+                                   spec),
+                        _main_roof(f"{main} read-only", _memory(main, roofline.READ),
                                    mr["main_read"], spec)]}
-    roofs["ridges"] = ridges(roofs["compute"], roofs["memory"], main)
+    roofs["ridges"] = roofline.ridges(roofs["compute"], roofs["memory"])
     return {"machine": machine_label(env), "roofs": roofs, "main_roofs": mr,
             "environment": env, "sweep": {"cache_capacities": []}}

@@ -7,8 +7,9 @@ follows the change-point literature, e.g. Killick et al. 2012, with the noise le
 robustly from first differences). Segments of at least `min_points` points are plateaus;
 shorter ones are transitions between levels. A plateau is named after the smallest level whose
 capacity holds its typical working set (its geometric-centre size); the level beyond the last
-cache is main memory ("DRAM" on a CPU, "HBM" on a GPU) and is taken from the largest sizes,
-since a "DRAM" figure measured on a cache-resident buffer is wrong.
+cache is main memory (named by the caller, microbench.roofline.main_memory_name: "DRAM" on a
+CPU, "HBM" on an accelerator) and is taken from the largest sizes, since a main-memory figure
+measured on a cache-resident buffer is wrong.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from microbench import roofline
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,7 @@ def _plateau(name: str, sizes: np.ndarray, bws: np.ndarray) -> Plateau:
 
 
 def find_plateaus(sizes: Sequence[float], bandwidths: Sequence[float],
-                  caches: Sequence[tuple[str, float]] = (), memory_name: str = "DRAM",
+                  caches: Sequence[tuple[str, float]] = (), memory_name: str = roofline.DRAM,
                   min_points: int = 3, penalty_scale: float = 8.0) -> list[Plateau]:
     """Named plateaus, small to large. `caches` = [(name, capacity bytes)] small first
     (aggregate over the cores the sweep used); with none, plateaus are named P1, P2, ..."""

@@ -8,7 +8,7 @@ probes run again, and
     memory factor  = probe read now / probe read in the rounds
     compute factor = probe GEMM now / probe GEMM in the rounds
 
-scale the roofs the point is predicted with (microbench.phases). A probe costs well under a
+scale the roofs the point is predicted with (microbench.points). A probe costs well under a
 second; the factors and their before/after values are saved with the point, so the machine's
 drift is recorded and shown rather than absorbed into the gap.
 """

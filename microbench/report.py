@@ -22,35 +22,27 @@ import subprocess
 import sys
 
 import refmodel
-from microbench.phases import Budget, compute_roof, measure_point
+from microbench import roofline
+from microbench.points import Budget, measure_point
+from microbench.summary import TARGETS, moment_factor
 from refmodel import costs
 
 MODEL = "medium"
 DECODE_CONTEXT = 128
 PREFILL_LENS = (512, 1024)
-TARGETS = {"decode_over_dram": 0.70, "prefill_over_gemm": 0.80, "speedup_over_peer": 1.5}
 
 
 def main_memory_roofs(peaks: dict) -> tuple[dict, dict]:
-    """(read-only, best) roofs of main memory (DRAM or HBM) from a peaks result."""
-    memory = [r for r in peaks["roofs"]["memory"] if not r.get("suspect")]
-    main = [r for r in memory if r["level"].split()[0] in ("DRAM", "HBM")]
+    """(read-only, best) unflagged roofs of main memory (DRAM or HBM) from a peaks result."""
+    main = roofline.main_roofs(peaks["roofs"]["memory"])
     if not main:
         raise ValueError("peaks.roofs.memory: no DRAM/HBM roof to compare the decode against")
-    read = next((r for r in main if r["level"].endswith(" read")), None)
+    read = roofline.main_roof(main, roofline.READ)
     best = max(main, key=lambda r: r["value"])
     return read or best, best
 
 
 REPORT_TIMING = Budget(budget_s=3.0)
-
-
-def _factor(point: dict, key: str, roof_value: float) -> float:
-    """The roof of the point's moment (its prediction's, drift-scaled and capped at the best
-    round, phases._drift_cap) over the roof as measured in the rounds."""
-    pred = point.get("predicted") or {}
-    now = pred.get("memory_bytes_per_s" if key == "memory" else "compute_flops_per_s")
-    return now / roof_value if now else 1.0
 
 
 def measure_report(peaks: dict, timing: Budget = REPORT_TIMING, peer: bool = True,
@@ -63,8 +55,9 @@ def measure_report(peaks: dict, timing: Budget = REPORT_TIMING, peer: bool = Tru
     prefills = [measure_point(phases, "prefill", 1, n, peaks, timing, label=MODEL, probe=probe)
                 for n in PREFILL_LENS]
     del phases
-    (dram, best), gemm = main_memory_roofs(peaks), compute_roof(peaks["roofs"], cfg.dtype)
-    m, decode_bw = _factor(decode, "memory", dram["value"]), decode["bytes_per_s"]["median"]
+    (dram, best), gemm = main_memory_roofs(peaks), roofline.compute_roof(peaks["roofs"],
+                                                                         cfg.dtype)
+    m, decode_bw = moment_factor(decode, "memory", dram["value"]), decode["bytes_per_s"]["median"]
     out = {
         "model": MODEL, "params": costs.param_counts(cfg)["total"],
         "decode": decode, "prefill": prefills[0], "prefills": prefills,
@@ -78,7 +71,7 @@ def measure_report(peaks: dict, timing: Budget = REPORT_TIMING, peer: bool = Tru
         "decode_over_dram_unscaled": decode_bw / dram["value"],
         "decode_over_best_dram": decode_bw / best["value"],
         "prefill_over_gemm": [p["flops_per_s"]["median"] / (gemm["value"] *
-                                                             _factor(p, "compute",
+                                                             moment_factor(p, "compute",
                                                                      gemm["value"]))
                               for p in prefills],
         "prefill_over_gemm_unscaled": [p["flops_per_s"]["median"] / gemm["value"]
@@ -137,37 +130,3 @@ def hf_peer(cfg: refmodel.ModelConfig, context: int, steps: int = 23) -> dict:
                 "error": f"not run: {last}"}
     return {"name": "transformers LlamaForCausalLM (PyTorch, f32)",
             **json.loads(proc.stdout.strip().splitlines()[-1])}
-
-
-def format_report(rep: dict) -> str:
-    """The lines the `phases --report` command prints."""
-    d = rep["decode"]
-    lines = [
-        f"model '{rep['model']}' ({rep['params'] / 1e6:.0f}M params, float32)",
-        f"decode  batch 1 @ context {d['context']}: {d['timing']['median'] * 1e3:.1f} ms/step, "
-        f"{d['bytes_per_s']['median'] / 1e9:.1f} GB/s = {rep['decode_over_dram']:.2f} of the "
-        f"'{rep['dram_roof']}' roof at its moment ({rep['dram_roof_bytes_per_s'] / 1e9:.1f} GB/s "
-        f"x drift {rep['decode_drift']:.2f}; roof: {rep['dram_roof_program']}; target >= "
-        f"{TARGETS['decode_over_dram']}); {rep['decode_over_dram_unscaled']:.2f} of the roof "
-        f"as measured in the rounds; {rep['decode_over_best_dram']:.2f} of the best main-memory "
-        f"roof ('{rep['dram_best']}', {rep['dram_best_bytes_per_s'] / 1e9:.1f} GB/s, reads + "
-        "writes)",
-    ]
-    for p, r, r0 in zip(rep["prefills"], rep["prefill_over_gemm"],
-                        rep["prefill_over_gemm_unscaled"], strict=True):
-        lines.append(
-            f"prefill batch 1 x {p['context']} tokens: {p['timing']['median'] * 1e3:.0f} ms, "
-            f"{p['flops_per_s']['median'] / 1e9:.0f} GFLOP/s = {r:.2f} of the f32 GEMM roof at "
-            f"its moment ({rep['gemm_roof_flops_per_s'] / 1e9:.0f} GFLOP/s x drift "
-            f"{_factor(p, 'compute', rep['gemm_roof_flops_per_s']):.2f}; roof: "
-            f"{rep['gemm_roof_program']}; target >= "
-            f"{TARGETS['prefill_over_gemm']}); {r0:.2f} of the roof as measured in the rounds")
-    peer = rep.get("peer")
-    if peer and peer.get("step_s"):
-        lines.append(f"peer {peer['name']} (torch {peer['torch']}): "
-                     f"{peer['step_s'] * 1e3:.1f} ms/step, {peer['bytes_per_s'] / 1e9:.1f} GB/s; "
-                     f"ours is {rep['speedup_over_peer']:.2f}x faster "
-                     f"(target >= {TARGETS['speedup_over_peer']})")
-    elif peer:
-        lines.append(f"peer {peer['name']}: {peer.get('error')}")
-    return "\n".join(lines)

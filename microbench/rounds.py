@@ -1,8 +1,8 @@
 """The main roofs, measured in interleaved rounds beside peer programs.
 
-Main memory on a shared VM drifts by tens of percent over seconds to minutes (METHOD.md), so a
-roof measured once is the roof of one moment. Each round runs, back to back, every program
-that can reach each main roof:
+Main memory on a shared VM drifts by tens of percent over seconds to minutes (the README's
+method section), so a roof measured once is the roof of one moment. Each round runs, back to
+back, every program that can reach each main roof:
 
     metric        ours (XLA, through JAX)              peers (same machine, same round)
     gemm_float32  f32 GEMM at the best square shape    numpy (OpenBLAS) matmul

@@ -31,17 +31,28 @@ entries also carry `bytes_write_allocate`). `timing` is harness.Timing.to_dict()
 A rate (`flops_per_s`, `bytes_per_s`) is {median, p10, p90, max} of amount/time.
 
 A roof is {name, kind: "compute"|"memory", value, p10, p90, source, suspect, reason} plus
-`dtype` (compute) or `level` (memory). A suspect roof exceeded its ceiling (vendor or
-theoretical peak); it is a measurement error to explain, never a result.
+`dtype` (compute) or, for memory, its level in structured fields (microbench.roofline):
+
+    level   str   the roof's key: "L2", "DRAM" (main memory read+write), "DRAM read" (read-only)
+    memory  str   the level itself: "L1", "L2", "L3", "DRAM", "HBM", ...
+    access  str   "read" | "read+write": what the program that reached it does to each byte
+    main    bool  true for main memory
+
+A suspect roof exceeded its ceiling (vendor or theoretical peak); it is a measurement error to
+explain, never a result. Files written before `memory`, `access` and `main` existed are
+upgraded when read (`upgrade`, run by `validate_result`): the fields are derived from `level`.
 """
 
 from __future__ import annotations
 
 import math
 
+from microbench import roofline
+
 SCHEMA_VERSION = 1
 KIND_PEAKS = "microbench.peaks"
 KIND_PHASES = "microbench.phases"
+KIND_BREAKDOWN = "microbench.breakdown"  # microbench.breakdown's per-op result (its own fields)
 PHASE_NAMES = ("prefill", "decode_attention", "decode_ffn", "decode")
 SWEEPS = ("roofline", "batch", "context")
 
@@ -124,15 +135,35 @@ def _roof(r, path: str):
         _fail(path + ".kind", kind, "'compute' or 'memory'")
     _check(path + "." + ("dtype" if kind == "compute" else "level"),
            _require(r, path, "dtype" if kind == "compute" else "level"), "str")
+    if kind == "memory":
+        _check(path + ".memory", _require(r, path, "memory"), "str")
+        access = _require(r, path, "access")
+        if access not in roofline.ACCESSES:
+            _fail(path + ".access", access, f"one of {list(roofline.ACCESSES)}")
+        _check(path + ".main", _require(r, path, "main"), "bool")
     for key in ("value", "p10", "p90"):
         _check(f"{path}.{key}", _require(r, path, key), _NUM, positive=True)
     _check(path + ".source", _require(r, path, "source"), "str")
     _suspect(r, path)
 
 
+def upgrade(obj) -> dict:
+    """Bring a result of an older version of this code up to its fields, in place: memory
+    roofs (a peaks result's, a phases result's peaks block) gain `memory`, `access` and `main`
+    derived from their `level` (roofline.upgrade_roofs). A current result is left as it is."""
+    if isinstance(obj, dict):
+        block = obj.get("peaks") if obj.get("kind") == KIND_PHASES else obj
+        roofs = block.get("roofs") if isinstance(block, dict) else None
+        if isinstance(roofs, dict):
+            roofline.upgrade_roofs(roofs)
+    return obj
+
+
 def validate_result(obj) -> dict:
-    """Check a results object against the schema; raise ValueError naming the bad field."""
+    """Upgrade an older results object (`upgrade`), then check it against the schema; raise
+    ValueError naming the bad field."""
     _check("result", obj, "dict")
+    upgrade(obj)
     version = _require(obj, "result", "schema_version")
     if version != SCHEMA_VERSION:
         _fail("result.schema_version", version, f"{SCHEMA_VERSION} (this code's version)")
@@ -173,7 +204,7 @@ def validate_result(obj) -> dict:
 #
 #     schema_version, kind = "microbench.phases", machine, quick, environment, wall_s
 #     model    {preset, params, dtype, config}
-#     peaks    what predictions use (microbench.phases.prediction_inputs): {machine, roofs,
+#     peaks    what predictions use (microbench.points.prediction_inputs): {machine, roofs,
 #              cache_capacities, curve: [[bytes, bytes/s]], overhead, probe_bytes,
 #              probe_reference}
 #     plan     the sweep plan (microbench.sweeps.PhasePlan)

@@ -1,6 +1,6 @@
 """The phase sweeps behind the figures, measured on this machine and modelled for others.
 
-Measured (microbench.phases, on a model several times the last-level cache, float32):
+Measured (microbench.points, on a model several times the last-level cache, float32):
 - `roofline`: every attention variant's prefill, decode attention, decode FFN and decode step
   at batch 1 -> one point each on the roofline;
 - `batch`: decode FFN and the whole decode step vs batch, dense and MoE -> "throughput is free
@@ -21,47 +21,51 @@ import math
 from collections.abc import Iterable
 
 import refmodel
-from microbench import hardware
-from microbench.phases import Budget, measure_point
-from refmodel import costing, costs
+from microbench import hardware, roofline
+from microbench.points import Budget, measure_point
+from refmodel import attention, costs, counting
 
-VARIANTS: dict[str, dict] = {
-    "mha": dict(attention="mha"),
-    "gqa": dict(attention="gqa"),
-    "mqa": dict(attention="mqa"),
-    "mla naive": dict(attention="mla", mla_absorb=False),
-    "mla absorbed": dict(attention="mla", mla_absorb=True),
-    "sliding": dict(attention="sliding"),
-    "sparse": dict(attention="sparse"),
-    "linear": dict(attention="linear"),
-    "gqa moe": dict(attention="gqa", ffn="moe"),
-}
+DENSE = refmodel.ModelConfig.attention  # the config's default kind: the batch sweep's dense
+MOE = f"{DENSE} moe"
+
+
+def variants() -> dict[str, dict]:
+    """{label: config changes}: every option set every registered attention variant declares,
+    plus the default kind with an MoE FFN. Read from the registry on each call, so a variant
+    registered later (a new file, or one inside a test) is swept without another edit."""
+    return {**attention.option_sets(), MOE: dict(attention=DENSE, ffn="moe")}
 
 
 @dataclasses.dataclass(frozen=True)
 class PhasePlan:
+    """What `microbench phases` measures. The variants of each sweep default to what each
+    variant's `MEASURE` asks for (the roofline sweep: all of them)."""
+
     model: str = "bench"
-    variants: tuple[str, ...] = tuple(VARIANTS)
+    variants: tuple[str, ...] = dataclasses.field(default_factory=lambda: tuple(variants()))
     prefill_len: int = 256
     context: int = 1024  # roofline points' decode context
     batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     contexts: tuple[int, ...] = (256, 1024, 4096)
-    context_variants: tuple[str, ...] = ("mha", "gqa", "mla absorbed", "sliding", "sparse",
-                                         "linear")
+    context_variants: tuple[str, ...] = dataclasses.field(
+        default_factory=lambda: attention.measured_in("context"))
     context_batch: int = 8
     timing: Budget = Budget()
 
 
-QUICK = PhasePlan(variants=("gqa", "mla absorbed", "sliding", "linear", "gqa moe"),
-                  prefill_len=128, context=512, batches=(1, 4, 16), contexts=(256, 2048),
-                  context_variants=("gqa", "sliding"), context_batch=8,
-                  timing=Budget(budget_s=0.3, min_samples=3))
+def quick_plan() -> PhasePlan:
+    """`--quick`: fewer variants, batches and contexts, a shorter timing budget."""
+    return PhasePlan(variants=(*attention.measured_in("quick"), MOE),
+                     prefill_len=128, context=512, batches=(1, 4, 16), contexts=(256, 2048),
+                     context_variants=attention.measured_in("quick context"), context_batch=8,
+                     timing=Budget(budget_s=0.3, min_samples=3))
 
 
 def config(plan: PhasePlan, variant: str) -> refmodel.ModelConfig:
-    if variant not in VARIANTS:
-        raise ValueError(f"variant={variant!r} is not one of {sorted(VARIANTS)}")
-    return dataclasses.replace(refmodel.presets.get(plan.model), **VARIANTS[variant])
+    known = variants()
+    if variant not in known:
+        raise ValueError(f"variant={variant!r} is not one of {sorted(known)}")
+    return dataclasses.replace(refmodel.presets.get(plan.model), **known[variant])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +106,7 @@ def jobs(plan: PhasePlan) -> list[Job]:
     roofline sweeps; timing it once per run keeps one number per piece of work (copies of it
     varied 4.6-6.2 ms in one run on a shared machine)."""
     wanted = []
-    for v in ("gqa", "gqa moe"):
+    for v in (DENSE, MOE):
         for b in plan.batches:
             wanted += [("batch", v, "decode_ffn", b, plan.context),
                        ("batch", v, "decode", b, plan.context)]
@@ -119,7 +123,7 @@ def jobs(plan: PhasePlan) -> list[Job]:
         job = shared.setdefault(key, {"sweeps": [], "context": c})
         if sweep not in job["sweeps"]:
             job["sweeps"].append(sweep)
-    order = {v: i for i, v in enumerate(VARIANTS)}
+    order = {v: i for i, v in enumerate(variants())}
     out = [Job(tuple(j["sweeps"]), v, phase, b, j["context"])
            for (v, phase, b, _), j in shared.items()]
     return sorted(out, key=lambda j: order[j.variant])
@@ -147,28 +151,26 @@ def measure(plan: PhasePlan, peaks: dict | None, progress: bool = True,
 
 def step_time(cfg, device: hardware.Device, phase: str, batch: int, context: int,
               dtype: str = "bfloat16") -> dict:
-    """Roofline time of one phase of a real preset on a spec device (weights and KV in dtype).
+    """Roofline time of one phase of a real preset on a spec device (weights and KV in dtype):
+    roofline.predict on the device's roofs (roofline.spec_roofs), with no per-call floor.
 
     `bound` names the roof that sets the time ("compute" or "memory"); `memory_by` names the
     largest of the bytes moved (weights, KV cache, activations), what a memory-bound step
     waits on."""
     c = costs.phase_costs(cfg, phase, batch, context, weight_dtype=dtype, kv_dtype=dtype,
                           act_dtype=dtype, count="engine")  # what a real engine reads
-    peak = device.peak_flops.get(dtype) or max(device.peak_flops.values())
-    bw = device.memory_bandwidth[device.main_memory]
-    t = max(c["flops"] / peak, c["bytes"] / bw)
+    pred = roofline.predict(c["flops"], c["bytes"], *roofline.spec_roofs(device, dtype))
     moved = {"weights": c["weight_bytes"], "KV cache": c["kv_bytes"],
              "activations": c["act_bytes"]}
-    return {"time_s": t, "flops": c["flops"], "bytes": c["bytes"],
+    return {"time_s": pred["time_s"], "flops": c["flops"], "bytes": c["bytes"],
             "weight_bytes": c["weight_bytes"], "kv_bytes": c["kv_bytes"],
-            "bound": "compute" if c["flops"] / peak >= c["bytes"] / bw else "memory",
-            "memory_by": max(moved, key=moved.get)}
+            "bound": pred["bound"], "memory_by": max(moved, key=moved.get)}
 
 
 def weight_fit(cfg, device: hardware.Device, dtype: str = "bfloat16") -> dict:
     """The preset's weights (all parameters, in dtype) against one device's memory: how many
     devices' worth of memory they need (1 when they fit one; None when memory is unknown)."""
-    weights = costs.param_counts(cfg)["total"] * costing.BYTES[dtype]
+    weights = costs.param_counts(cfg)["total"] * counting.BYTES[dtype]
     mem = device.memory_bytes
     return {"weight_bytes": weights, "memory_bytes": mem, "weights_dtype": dtype,
             "weight_devices": None if mem is None else max(1, math.ceil(weights / mem))}

@@ -50,10 +50,10 @@ from microbench import (
     intensity,
     native,
     peaks,
-    plot,
+    plots,
 )
-from microbench.phases import predict
-from refmodel.check import cost_analysis
+from microbench.roofline import predict
+from refmodel.compiler_check import cost_analysis
 
 # %%
 QUICK = os.environ.get("LAB_FULL", "0") != "1"  # parameter: LAB_FULL=1 for publication size
@@ -117,9 +117,9 @@ for n in GEMM_SIZES:
     point = peaks.entry("gemm", t, f, b, dtype="float32", shape=[n, n, n])
     guard.flag_compute(point, SPEC)  # above the theoretical peak = a measurement error
     gemm_points.append(point)
-    print(f"n={n:5d}: {plot.fmt_si(point['flops_per_s']['median'], 'FLOP/s'):>14s} "
-          f"(p10-p90 {plot.fmt_si(point['flops_per_s']['p10'], '')}-"
-          f"{plot.fmt_si(point['flops_per_s']['p90'], '')}), stop: {t.stop}"
+    print(f"n={n:5d}: {plots.fmt_si(point['flops_per_s']['median'], 'FLOP/s'):>14s} "
+          f"(p10-p90 {plots.fmt_si(point['flops_per_s']['p10'], '')}-"
+          f"{plots.fmt_si(point['flops_per_s']['p90'], '')}), stop: {t.stop}"
           + (f"  SUSPECT: {point['reason']}" if point["suspect"] else ""))
 best_gemm = max(gemm_points, key=lambda p: p["flops_per_s"]["median"])
 P = best_gemm["flops_per_s"]["median"]
@@ -135,7 +135,7 @@ for point in gemm_points:
     if SPEC is not None and "float32" in SPEC.peak_flops:
         assert rate["median"] <= SPEC.peak_flops["float32"] * (1 + spread(rate)), point
     assert rate["median"] > P / 100, point
-print(f"GEMM: best {plot.fmt_si(P, 'FLOP/s')}" + (
+print(f"GEMM: best {plots.fmt_si(P, 'FLOP/s')}" + (
     f" = {P / SPEC.peak_flops['float32']:.0%} of the theoretical f32 peak"
     if SPEC is not None and "float32" in SPEC.peak_flops else " (no spec peak to bound it)"))
 
@@ -165,15 +165,15 @@ print(f"3 arrays of {array_bytes / 2**20:.0f} MiB (last-level cache {llc / 2**20
 t = harness.time_fn(triad.fn, *triad_args, donate_argnums=(0,), **BUDGET)
 triad_point = peaks.entry("triad", t, bandwidth.kernel_flops(triad, n_elem),
                           triad_bytes["algorithmic"], dtype="float32", n=n_elem)
-print(f"triad: {plot.fmt_si(triad_point['bytes_per_s']['median'], 'B/s')} algorithmic, "
-      f"{plot.fmt_si(triad_bytes['write_allocate'] / t.median, 'B/s')} with write-allocate")
+print(f"triad: {plots.fmt_si(triad_point['bytes_per_s']['median'], 'B/s')} algorithmic, "
+      f"{plots.fmt_si(triad_bytes['write_allocate'] / t.median, 'B/s')} with write-allocate")
 scale = bandwidth.KERNELS["scale"]
 scale_args = bandwidth.kernel_args(scale, n_elem)
 t = harness.time_fn(scale.fn, *scale_args, donate_argnums=(0,), **BUDGET)
 scale_point = peaks.entry("scale", t, bandwidth.kernel_flops(scale, n_elem),
                           bandwidth.kernel_bytes(scale, n_elem, 4, donated=True)["algorithmic"],
                           dtype="float32", n=n_elem)
-print(f"scale in place: {plot.fmt_si(scale_point['bytes_per_s']['median'], 'B/s')}")
+print(f"scale in place: {plots.fmt_si(scale_point['bytes_per_s']['median'], 'B/s')}")
 for point in (triad_point, scale_point):
     guard.flag_memory(point, SPEC, "DRAM")
 best_bw = max((triad_point, scale_point), key=lambda p: p["bytes_per_s"]["median"])
@@ -213,7 +213,7 @@ cache_point = peaks.entry("scale", t, bandwidth.kernel_flops(scale, n_small),
                           dtype="float32", n=n_small)
 cache_bw = cache_point["bytes_per_s"]
 print(f"XLA scale in place, {n_small * 4 >> 20} MiB (in cache): "
-      f"{plot.fmt_si(cache_bw['median'], 'B/s')} vs main memory {plot.fmt_si(BETA, 'B/s')}")
+      f"{plots.fmt_si(cache_bw['median'], 'B/s')} vs main memory {plots.fmt_si(BETA, 'B/s')}")
 if native.available():
     threads = len(ENV["affinity"])
     rate = {}
@@ -221,8 +221,8 @@ if native.available():
         (pt,) = native.sweep(size, size, 2.0, 64 << 20, threads)
         rate[size] = pt["bytes"] * pt["repeats"] / float(np.median(pt["seconds"]))
     print(f"native read, {threads} threads: {llc // 4 >> 20} MiB "
-          f"{plot.fmt_si(rate[llc // 4], 'B/s')}, {8 * llc >> 20} MiB "
-          f"{plot.fmt_si(rate[8 * llc], 'B/s')}")
+          f"{plots.fmt_si(rate[llc // 4], 'B/s')}, {8 * llc >> 20} MiB "
+          f"{plots.fmt_si(rate[8 * llc], 'B/s')}")
     assert rate[llc // 4] > rate[8 * llc], (
         "main memory read faster than the cache at a fixed thread count: wrong byte count?",
         rate)
@@ -246,16 +246,16 @@ chips = {name: hardware.get(name) for name in CHIPS}
 ridges = {name: hardware.ridge_point(dev) for name, dev in chips.items()}
 print(f"datacenter ridges (bf16, spec): {min(ridges.values()):.0f} ({min(ridges, key=ridges.get)})"
       f" to {max(ridges.values()):.0f} ({max(ridges, key=ridges.get)}) FLOP/byte")
-print(f"this machine: P = {plot.fmt_si(P, 'FLOP/s')} (GEMM f32), beta = "
-      f"{plot.fmt_si(BETA, 'B/s')} ({best_bw['name']}) -> ridge {ridge_here:.1f} FLOP/byte")
+print(f"this machine: P = {plots.fmt_si(P, 'FLOP/s')} (GEMM f32), beta = "
+      f"{plots.fmt_si(BETA, 'B/s')} ({best_bw['name']}) -> ridge {ridge_here:.1f} FLOP/byte")
 for name, dev in chips.items():
-    print(f"{name:10s}: bf16 {plot.fmt_si(dev.peak_flops['bfloat16'], 'FLOP/s'):>14s}, "
-          f"{dev.main_memory} {plot.fmt_si(dev.memory_bandwidth[dev.main_memory], 'B/s'):>10s}"
+    print(f"{name:10s}: bf16 {plots.fmt_si(dev.peak_flops['bfloat16'], 'FLOP/s'):>14s}, "
+          f"{dev.main_memory} {plots.fmt_si(dev.memory_bandwidth[dev.main_memory], 'B/s'):>10s}"
           f" -> ridge {hardware.ridge_point(dev):6.0f} FLOP/byte")
 
 
 def attainable(i, peak, bw):
-    """The roofline at intensity i (microbench.phases.predict on 1 byte of traffic)."""
+    """The roofline at intensity i (microbench.roofline.predict on 1 byte of traffic)."""
     return predict(i, 1.0, {"name": "", "value": peak}, {"level": "", "value": bw})["flops_per_s"]
 
 
@@ -297,7 +297,7 @@ for K, k in SWEEP:
                     flops_per_byte=intensity.intensity(K, k))
     sweep_points.append(e)
     print(f"K={K:3d} k={k}: I = {e['flops_per_byte']:6.2f} FLOP/byte -> "
-          f"{plot.fmt_si(e['flops_per_s']['median'], 'FLOP/s')}")
+          f"{plots.fmt_si(e['flops_per_s']['median'], 'FLOP/s')}")
 
 # %%
 # CHECK: the sweep's counted FLOPs and bytes are XLA's, and its intensity formula holds
@@ -329,20 +329,20 @@ xs = np.geomspace(1 / 16, 2048, 200)
 for j, (name, dev) in enumerate(chips.items()):
     peak, bw = dev.peak_flops["bfloat16"], dev.memory_bandwidth[dev.main_memory]
     ax.plot(xs, [attainable(x, peak, bw) for x in xs], "--", lw=1.4,
-            color=plot.PALETTE[(j + 2) % 10],
+            color=plots.PALETTE[(j + 2) % 10],
             label=f"{name} (spec, bf16): ridge {hardware.ridge_point(dev):.0f} FLOP/B")
 ax.plot(xs, [attainable(x, P, BETA) for x in xs], "-", lw=2.5, color="black",
         label=f"this machine (measured GEMM f32, {best_bw['name']}): ridge {ridge_here:.1f} FLOP/B")
 ax.plot([ridge_here], [P], "D", color="black", ms=8)
 vec = max(e["flops_per_s"]["median"] for e in sweep_points)
 ax.hlines(vec, vec / BETA, xs[-1], colors=["0.45"],
-          label=f"this machine: vector FMA roof (best of the sweep) {plot.fmt_si(vec, 'FLOP/s')}")
+          label=f"this machine: vector FMA roof (best of the sweep) {plots.fmt_si(vec, 'FLOP/s')}")
 if SPEC is not None and "float32" in SPEC.peak_flops:
     ax.axhline(SPEC.peak_flops["float32"], color="0.45", ls=":",
                label=f"this machine: theoretical f32 peak "
-                     f"{plot.fmt_si(SPEC.peak_flops['float32'], 'FLOP/s')}")
+                     f"{plots.fmt_si(SPEC.peak_flops['float32'], 'FLOP/s')}")
 ys = [e["flops_per_s"]["median"] for e in sweep_points]
-ax.errorbar([e["flops_per_byte"] for e in sweep_points], ys, fmt="o:", color=plot.PALETTE[0],
+ax.errorbar([e["flops_per_byte"] for e in sweep_points], ys, fmt="o:", color=plots.PALETTE[0],
             yerr=[[y - e["flops_per_s"]["p10"] for y, e in zip(ys, sweep_points, strict=True)],
                   [e["flops_per_s"]["p90"] - y for y, e in zip(ys, sweep_points, strict=True)]],
             capsize=3, label="this machine: AI sweep (FMA chain in place; median, p10-p90)")

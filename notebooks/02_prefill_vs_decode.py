@@ -33,7 +33,7 @@
 # prefill one only while $T$ is small, as step 2 shows. At batch 1 in float32 decode sits
 # near $0.5$ FLOP/byte, left of every ridge point (notebook 01): decode is memory-bound,
 # prefill compute-bound. Here one model is counted
-# (`refmodel.costs.phase_costs`) and measured (`microbench.phases.measure_point`).
+# (`refmodel.costs.phase_costs`) and measured (`microbench.points.measure_point`).
 
 # %%
 # %matplotlib inline
@@ -47,8 +47,8 @@ from IPython.display import Image, display
 from matplotlib.figure import Figure
 
 import refmodel
-from microbench import hardware, harness, peaks, plot, sweeps
-from microbench.phases import Budget, measure_point
+from microbench import hardware, harness, peaks, plots, sweeps
+from microbench.points import Budget, measure_point
 from microbench.schema import KIND_PHASES
 from refmodel import costs
 
@@ -116,7 +116,7 @@ print("decode, FLOP/byte per op:", {op: round(v["intensity"], 2) for op, v in de
 # CHECK: decode reads each weight once (the embedding: one row per token), the whole step is
 # its two halves plus embedding, final norm and LM head, decode sits below 1 FLOP/byte in
 # float32, below every spec chip's ridge, and prefill is > 10x more intense.
-s = costs.dtypes(cfg).w
+s = costs.dtypes(cfg).weight_size
 V, D = cfg.vocab_size, cfg.d_model
 np.testing.assert_allclose(dec["weight_bytes"], s * (counts["total"] - V * D + 1 * D))
 final_norm = dec["ops"]["norm"]["flops"] - att["ops"]["norm"]["flops"] - \
@@ -174,7 +174,7 @@ print("prefill intensity: below 2T/s, as the GEMM formula says")
 PEAKS = peaks.quick_roofs(512 if QUICK else 2048, budget_s=TIMING.budget_s,
                          min_samples=TIMING.min_samples)
 for r in PEAKS["roofs"]["compute"] + PEAKS["roofs"]["memory"]:
-    print(f"{r['name']}: {plot.fmt_si(r['value'], 'FLOP/s' if r['kind'] == 'compute' else 'B/s')}"
+    print(f"{r['name']}: {plots.fmt_si(r['value'], 'FLOP/s' if r['kind'] == 'compute' else 'B/s')}"
           + (f"  SUSPECT: {r['reason']}" if r.get("suspect") else ""))
 
 # %%
@@ -185,7 +185,7 @@ for phase in refmodel.PHASES:
     points[phase] = p
     pred = p["predicted"]
     print(f"{phase:17s}: {p['timing']['median'] * 1e3:8.3f} ms, "
-          f"{plot.fmt_si(p['flops_per_s']['median'], 'FLOP/s'):>13s} at I = "
+          f"{plots.fmt_si(p['flops_per_s']['median'], 'FLOP/s'):>13s} at I = "
           f"{p['intensity']:6.2f}; roofline says {pred['bound']}-bound, "
           f"{pred['time_s'] * 1e3:.3f} ms -> measured/predicted {p['measured_over_predicted']:.2f}")
 
@@ -276,7 +276,7 @@ result = {"kind": KIND_PHASES, "machine": MACHINE, "peaks": PEAKS,
           "model": {"preset": PRESET, "params": counts["total"], "dtype": cfg.dtype},
           "points": [{"sweep": "roofline", "variant": cfg.attention, **p}
                      for p in points.values()]}
-display(plot.phases_roofline_figure([result]))
+display(plots.phases_roofline_figure([result]))
 
 # %%
 fig = Figure(figsize=(8, 5), layout="constrained")

@@ -39,8 +39,8 @@ from IPython.display import Image, display
 from matplotlib.figure import Figure
 
 import refmodel
-from microbench import hardware, harness, peaks, plot, sweeps
-from microbench.phases import Budget, measure_point
+from microbench import hardware, harness, peaks, plots, sweeps
+from microbench.points import Budget, measure_point
 from microbench.schema import KIND_PHASES
 from refmodel import costs
 
@@ -101,7 +101,7 @@ for B in BATCHES:
         p = measure_point(phases, phase, B, CONTEXT, PEAKS, TIMING, label="gqa")
         points.append({"sweep": "batch", "variant": "gqa", **p})
         print(f"B={B:3d} {phase:10s}: {p['timing']['median'] * 1e3:7.3f} ms, I = "
-              f"{p['intensity']:6.2f}, {plot.fmt_si(p['flops_per_s']['median'], 'FLOP/s')}, "
+              f"{p['intensity']:6.2f}, {plots.fmt_si(p['flops_per_s']['median'], 'FLOP/s')}, "
               f"{p['tokens_per_s']['median']:8.0f} tokens/s")
 
 # %%
@@ -174,8 +174,8 @@ result = {"kind": KIND_PHASES, "machine": MACHINE, "peaks": PEAKS,
           "model": {"preset": PRESET, "params": costs.param_counts(cfg)["total"],
                     "dtype": cfg.dtype},
           "points": points, "modelled": {"throughput": modelled}}
-display(plot.batch_figure([result]))
-display(plot.throughput_figure([result]))
+display(plots.batch_figure([result]))
+display(plots.throughput_figure([result]))
 
 # %% [markdown]
 # Above: this run (quick mode: the `small` preset, 20 MB of float32 weights that fit the
@@ -208,7 +208,7 @@ CONTEXTS = (2048, 8192, 32768, 131072)
 limits = {}
 for preset, dev, n_dev in SERVE:
     c, h = refmodel.presets.get(preset), hardware.get(dev)
-    weights = costs.param_counts(c)["total"] * costs.dtypes(c).w
+    weights = costs.param_counts(c)["total"] * costs.dtypes(c).weight_size
     memory = n_dev * h.memory_bytes
     for S in CONTEXTS:
         per_user = costs.kv_cache_bytes(c, S, 1, "bfloat16")
@@ -226,7 +226,7 @@ np.testing.assert_allclose(costs.kv_cache_bytes(c8, 8192, 7), 7 * costs.kv_cache
 assert costs.kv_bytes_per_token(c8) == 131_072
 for preset, dev, n_dev in SERVE:
     c = refmodel.presets.get(preset)
-    weights = costs.param_counts(c)["total"] * costs.dtypes(c).w
+    weights = costs.param_counts(c)["total"] * costs.dtypes(c).weight_size
     memory = n_dev * hardware.get(dev).memory_bytes
     for S in CONTEXTS:
         B = limits[preset, S]
@@ -241,7 +241,7 @@ fig = Figure(figsize=(9, 5.5), layout="constrained")
 ax = fig.add_subplot()
 for j, (preset, dev, n_dev) in enumerate(SERVE):
     ax.plot(CONTEXTS, [max(limits[preset, S], 0.5) for S in CONTEXTS], "o-",
-            color=plot.PALETTE[j], label=f"{preset} (bf16) on {n_dev} x {dev}")
+            color=plots.PALETTE[j], label=f"{preset} (bf16) on {n_dev} x {dev}")
 ax.set_xscale("log", base=2)
 ax.set_yscale("log")
 ax.set_xlabel("Context per user (tokens)")

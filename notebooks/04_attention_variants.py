@@ -50,23 +50,24 @@ from IPython.display import Image, display
 from matplotlib.figure import Figure
 
 import refmodel
-from microbench import hardware, harness, peaks, plot, sweeps
-from microbench.phases import Budget, measure_point, predict
+from microbench import hardware, harness, peaks, plots, sweeps
+from microbench.points import Budget, measure_point
+from microbench.roofline import predict, spec_roofs
 from refmodel import costs
 
 # %%
 QUICK = os.environ.get("LAB_FULL", "0") != "1"  # parameter: LAB_FULL=1 for publication size
 PRESET = "tiny" if QUICK else "small"
 MEASURED = ("gqa",) if QUICK else \
-    tuple(v for v in sweeps.VARIANTS if v != "gqa moe")
+    tuple(v for v in sweeps.variants() if v != sweeps.MOE)
 CONTEXTS = (16, 128) if QUICK else (256, 1024, 4096)
 BATCH = 4 if QUICK else 8
 TIMING = Budget(budget_s=0.1, min_samples=3, min_sample_s=1e-3) if QUICK else Budget()
 jax.config.update("jax_default_matmul_precision", "highest")
 MACHINE = peaks.machine_label(harness.environment())
 base = refmodel.presets.get(PRESET)
-variants = {v: dataclasses.replace(base, **ch) for v, ch in sweeps.VARIANTS.items()
-            if v != "gqa moe"}
+variants = {v: dataclasses.replace(base, **ch) for v, ch in sweeps.variants().items()
+            if v != sweeps.MOE}
 print(MACHINE, "| preset", PRESET, "| quick" if QUICK else "| full")
 SPEC = hardware.device_for_environment(harness.environment())
 FIGURES = Path("..") / "figures" if Path.cwd().name == "notebooks" else Path("figures")
@@ -125,7 +126,7 @@ ax = fig.add_subplot()
 ctx = sweeps.LONG_CONTEXTS
 for j, (name, c) in enumerate(real.items()):
     ax.plot(ctx, [costs.kv_cache_bytes(c, s) / 2**30 for s in ctx], "o-", ms=4,
-            color=plot.PALETTE[j % 10], label=name)
+            color=plots.PALETTE[j % 10], label=name)
 ax.set_xscale("log", base=2)
 ax.set_yscale("log")
 ax.set_xlabel("Context (tokens per sequence)")
@@ -228,7 +229,7 @@ print("naive == absorbed logits; absorbed does", round(mla_cost[False]["flops"]
 # attention weights plus $B$ caches of $S$ tokens. The **crossover context** is the $S$ where
 # attention's roofline time passes the FFN's: $\max(\text{FLOPs}/P, \text{bytes}/\beta)$ of
 # each phase as an engine counts it (`count="engine"`: a window reads $\min(S + 1, W)$ keys)
-# on the roofs of one H100, weights and KV in bf16 (`microbench.phases.predict`).
+# on the roofs of one H100, weights and KV in bf16 (`microbench.roofline.predict`).
 # Fewer KV bytes per token push it later; windows and linear layers may remove it.
 #
 # Two simplifications, stated: (1) most of these models do not fit one H100 (80 GB; the
@@ -246,9 +247,7 @@ B16 = 16
 def engine_time(c, phase, S, dev=h100, batch=B16):
     """Roofline time of one phase as an engine counts it, bf16, on a spec device's roofs."""
     k = costs.phase_costs(c, phase, batch, S, "bfloat16", "bfloat16", "bfloat16", "engine")
-    return predict(k["flops"], k["bytes"], {"name": "spec", "value": dev.peak_flops["bfloat16"]},
-                   {"level": dev.main_memory,
-                    "value": dev.memory_bandwidth[dev.main_memory]})["time_s"]
+    return predict(k["flops"], k["bytes"], *spec_roofs(dev, "bfloat16"))["time_s"]
 
 
 def crossover(c):
@@ -291,7 +290,7 @@ ax1, ax2 = fig.subplots(1, 2)
 for j, v in enumerate(MEASURED):
     pts = [(s, p) for (v_, s), p in measured.items() if v_ == v]
     ax1.plot([s for s, _ in pts], [p["timing"]["median"] * 1e3 for _, p in pts], "o-",
-             color=plot.PALETTE[j], label=f"{v}: decode attention")
+             color=plots.PALETTE[j], label=f"{v}: decode attention")
 ax1.axhline(ffn_point["timing"]["median"] * 1e3, color="0.3", ls="--",
             label=f"decode FFN (batch {BATCH})")
 ax1.set_title(f"Measured: '{PRESET}', batch {BATCH}, on {MACHINE}", fontsize=11)
@@ -300,7 +299,7 @@ for j, (name, c) in enumerate(real.items()):
     ffn_t = engine_time(c, "decode_ffn", 0)
     ax2.plot(sweeps.LONG_CONTEXTS,
              [engine_time(c, "decode_attention", s) / ffn_t for s in sweeps.LONG_CONTEXTS],
-             "o-", ms=4, color=plot.PALETTE[j % 10], label=name)
+             "o-", ms=4, color=plots.PALETTE[j % 10], label=name)
 ax2.axhline(1.0, color="black", lw=1)
 ax2.set_title(f"Modelled on one H100's roofs (bf16), batch {B16}: attention / FFN time",
               fontsize=11)

@@ -41,8 +41,8 @@ from IPython.display import display
 from matplotlib.figure import Figure
 
 import refmodel
-from microbench import hardware, harness, peaks, plot, sweeps
-from microbench.phases import Budget, measure_point
+from microbench import hardware, harness, peaks, plots, sweeps
+from microbench.points import Budget, measure_point
 from refmodel import costs
 from refmodel.moe import expected_distinct_experts
 
@@ -162,7 +162,7 @@ moe_pts = {B: measure_point(phases, "decode_ffn", B, 0, None, TIMING, label="moe
            for B in BATCHES}
 for B, p in moe_pts.items():
     print(f"measured '{PRESET}' MoE decode FFN B={B:3d}: {p['timing']['median'] * 1e3:.3f} ms, "
-          f"I = {p['intensity']:.2f}, {plot.fmt_si(p['flops_per_s']['median'], 'FLOP/s')}")
+          f"I = {p['intensity']:.2f}, {plots.fmt_si(p['flops_per_s']['median'], 'FLOP/s')}")
 
 # %%
 # CHECK: routed-expert intensity is B*A / E_touched(B) (within 10%: the activation function
@@ -234,7 +234,7 @@ ax = fig.add_subplot()
 for j, name in enumerate(MODELS):
     c = refmodel.presets.get(name)
     ax.plot(POW2, [costs.phase_costs(c, "decode_ffn", B, 0)["intensity"] for B in POW2], "o-",
-            ms=4, color=plot.PALETTE[j], label=f"{name}" + (f" (E={c.n_experts}, A={c.top_k})"
+            ms=4, color=plots.PALETTE[j], label=f"{name}" + (f" (E={c.n_experts}, A={c.top_k})"
                                                             if c.ffn == "moe" else " (dense)"))
 ax.axhline(hardware.ridge_point(h100), color="black", ls="--",
            label=f"H100 bf16 ridge {hardware.ridge_point(h100):.0f} FLOP/B")

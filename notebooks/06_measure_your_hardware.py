@@ -17,7 +17,7 @@
 # This notebook runs the project's measurement on *your* machine: the ceilings
 # (`microbench.peaks`: GEMM per dtype, the vector FMA chain, STREAM bandwidth, the
 # working-set sweep that names the cache levels, the AI sweep) and a few phase points of the
-# reference model (`microbench.phases`), then compares them with the results bundled in
+# reference model (`microbench.points`), then compares them with the results bundled in
 # `figures/data/` (measured by `python -m microbench run` on the machine named in each file).
 #
 # Quick mode (the default) runs a very small plan in well under a minute: one GEMM size per
@@ -37,8 +37,8 @@ import numpy as np
 from IPython.display import display
 
 import refmodel
-from microbench import compute, hardware, harness, peaks, plot, sweeps
-from microbench.phases import Budget, measure_point
+from microbench import compute, hardware, harness, peaks, plots, roofline, sweeps
+from microbench.points import Budget, measure_point
 from microbench.schema import validate_result
 
 # %%
@@ -65,7 +65,7 @@ print(machine)
 print({k: env[k] for k in ("backend", "device_kind", "jax_version", "cpu_count")})
 if spec is not None:
     print(f"spec ceilings ({spec.name}):",  # integer GEMMs do operations, not FLOPs
-          {k: plot.fmt_si(v, "OP/s" if k.startswith("int") else "FLOP/s")
+          {k: plots.fmt_si(v, "OP/s" if k.startswith("int") else "FLOP/s")
            for k, v in spec.peak_flops.items()})
     print("derivation:", spec.derivation.get("formula", "vendor datasheet"))
 
@@ -111,7 +111,7 @@ del source
 for r in mine["roofs"]["compute"] + mine["roofs"]["memory"]:
     unit = "B/s" if r["kind"] == "memory" else (
         "OP/s" if str(r.get("dtype", "")).startswith("int") else "FLOP/s")  # int8: OP/s
-    print(f"{r['name']:22s} {plot.fmt_si(r['value'], unit):>14s}  ({r['source']})"
+    print(f"{r['name']:22s} {plots.fmt_si(r['value'], unit):>14s}  ({r['source']})"
           + (f"  SUSPECT: {r['reason']}" if r["suspect"] else ""))
 
 # %%
@@ -129,7 +129,7 @@ print("peaks result valid;", len(mine["roofs"]["compute"]), "compute and",
       len(mine["roofs"]["memory"]), "memory roofs")
 
 # %%
-display(plot.roofline_figure([mine]))
+display(plots.roofline_figure([mine]))
 
 # %% [markdown]
 # ## Step 3 · Phase points of the reference model on these roofs
@@ -204,10 +204,10 @@ if "peaks" in bundled:
         ours = {r[key]: r["value"] for r in mine["roofs"][kind] if not r["suspect"]}
         for r in theirs["roofs"][kind]:
             if r[key] in ours and not r["suspect"]:
-                print(f"{r['name']:22s}: here {plot.fmt_si(ours[r[key]], '')}, "
-                      f"{theirs['machine']} {plot.fmt_si(r['value'], '')} "
+                print(f"{r['name']:22s}: here {plots.fmt_si(ours[r[key]], '')}, "
+                      f"{theirs['machine']} {plots.fmt_si(r['value'], '')} "
                       f"(ratio {ours[r[key]] / r['value']:.2f})")
-    display(plot.roofline_figure([mine, theirs], title="This machine vs the bundled results"))
+    display(plots.roofline_figure([mine, theirs], title="This machine vs the bundled results"))
 if "phases" in bundled:
     for p in bundled["phases"]["points"]:
         if p["sweep"] == "roofline" and p["variant"] == "gqa":
@@ -223,11 +223,12 @@ print(f"compared: {sorted(bundled) or 'nothing'}; skipped: {skipped or 'nothing'
 # %%
 gemm_roofs = [r for r in mine["roofs"]["compute"] if r["name"].startswith("GEMM")
               and not r["suspect"]]
-main = [r for r in mine["roofs"]["memory"] if r["level"] == peaks.main_memory_name(env)]
+main = roofline.main_roof(mine["roofs"]["memory"], roofline.READ_WRITE, include_suspect=True)
 if gemm_roofs and main:
     best = max(gemm_roofs, key=lambda r: r["value"])
-    print(f"this machine: ridge {best['value'] / main[0]['value']:.1f} FLOP/byte "
-          f"({best['name']} over {main[0]['name']})")
+    here = roofline.ridge(best, main)
+    print(f"this machine: ridge {here['flops_per_byte']:.1f} FLOP/byte "
+          f"({best['name']} over {main['name']})")
 for name in sweeps.MODEL_DEVICES:
     print(f"{name:10s}: ridge {hardware.ridge_point(hardware.get(name)):.0f} FLOP/byte "
           "(bf16, spec)")

@@ -21,7 +21,7 @@ Public API (tests, notebooks and microbench use only this):
     phases = refmodel.Phases(model)                   # jitted pure phase functions
 """
 
-from refmodel import attention, costing, costs, presets
+from refmodel import attention, costs, counting, presets
 from refmodel.api import (
     decode_step,
     forward,
@@ -36,7 +36,7 @@ from refmodel.model import Cache, Transformer
 from refmodel.phases import PHASES, Phases
 
 __all__ = [
-    "PHASES", "Cache", "ModelConfig", "Phases", "Transformer", "attention", "costing", "costs",
+    "PHASES", "Cache", "ModelConfig", "Phases", "Transformer", "attention", "costs", "counting",
     "decode_step", "forward", "generate", "init", "init_cache", "prefill", "presets",
     "router_stats",
 ]

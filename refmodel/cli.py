@@ -6,7 +6,7 @@
     python -m refmodel costs --check [--kinds gqa mla]   # the compiler cross-check table
 
 Numbers come from `refmodel.costs` (see its docstring for what each phase counts) and the
-cross-check from `refmodel.check`. A bad argument exits with status 2 and a message naming
+cross-check from `refmodel.compiler_check`. A bad argument exits with status 2 and a message naming
 the field and the allowed values, never a traceback.
 """
 
@@ -17,7 +17,7 @@ import json
 import sys
 
 from refmodel import costs, presets
-from refmodel.costing import BYTES
+from refmodel.counting import BYTES
 from refmodel.phases import PHASES
 
 
@@ -109,10 +109,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "presets":
             print(presets_table())
         elif args.check:
-            from refmodel import check  # imports jax compilation machinery only when asked
+            from refmodel import compiler_check  # imports jax compilation machinery only when asked
 
-            rows = check.run(tuple(args.kinds) if args.kinds else None)
-            print(json.dumps(rows, indent=1) if args.json else check.format_table(rows))
+            rows = compiler_check.run(tuple(args.kinds) if args.kinds else None)
+            print(json.dumps(rows, indent=1) if args.json else compiler_check.format_table(rows))
         else:
             if args.preset is None:
                 ap.error(f"costs needs --preset (one of {', '.join(presets.names())}) or --check")

@@ -22,7 +22,6 @@ MLP_ACTS = ("swiglu", "geglu", "gelu", "relu2")
 NORMS = ("rmsnorm", "layernorm")
 POSITIONS = ("rope", "learned", "none")
 ROUTER_SCORES = ("softmax", "sigmoid")
-LINEAR_RULES = ("mamba2", "gated_delta")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -108,10 +107,12 @@ class ModelConfig:
     dtype: str = "float32"  # parameters and caches
 
     def __post_init__(self):
+        from refmodel import attention  # late import: the variants import this module
+
         for f in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff"):
-            _positive(f, getattr(self, f))
+            positive(f, getattr(self, f))
         if self.head_dim is not None:
-            _positive("head_dim", self.head_dim)
+            positive("head_dim", self.head_dim)
         elif self.d_model % self.n_heads:
             raise ValueError(
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: "
@@ -122,13 +123,12 @@ class ModelConfig:
                 f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}: "
                 f"allowed n_kv_heads are the divisors of {self.n_heads}"
             )
-        _one_of("ffn", self.ffn, FFN_KINDS[:2])
-        _one_of("mlp_act", self.mlp_act, MLP_ACTS)
-        _one_of("norm", self.norm, NORMS)
-        _one_of("position", self.position, POSITIONS)
-        _one_of("router_score", self.router_score, ROUTER_SCORES)
-        _one_of("linear_rule", self.linear_rule, LINEAR_RULES)
-        _one_of("dtype", self.dtype, DTYPES)
+        one_of("ffn", self.ffn, FFN_KINDS[:2])
+        one_of("mlp_act", self.mlp_act, MLP_ACTS)
+        one_of("norm", self.norm, NORMS)
+        one_of("position", self.position, POSITIONS)
+        one_of("router_score", self.router_score, ROUTER_SCORES)
+        one_of("dtype", self.dtype, DTYPES)
         self._check_patterns()
         if not 0 <= self.first_dense_layers <= self.n_layers:
             raise ValueError(
@@ -136,7 +136,7 @@ class ModelConfig:
                 f"{self.n_layers}]"
             )
         if "moe" in self.layer_ffns:
-            _positive("n_experts", self.n_experts)
+            positive("n_experts", self.n_experts)
             if not 1 <= self.top_k <= self.n_experts:
                 raise ValueError(
                     f"top_k={self.top_k} must be in [1, n_experts={self.n_experts}]"
@@ -150,54 +150,27 @@ class ModelConfig:
                 f"rope_fraction={self.rope_fraction} x head_dim={self.head_size} gives an odd "
                 f"rotary dim {self.rotary_dim}; it must be even"
             )
-        self._check_variants(set(self.layer_kinds))
-
-    def _check_variants(self, kinds: set[str]) -> None:
-        """The fields each attention variant in use depends on."""
-        if "mla" in kinds:
-            for f in ("kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "v_head_dim"):
-                _positive(f, getattr(self, f))
-            if self.qk_rope_dim % 2:
-                raise ValueError(f"qk_rope_dim={self.qk_rope_dim} must be even (RoPE pairs)")
-            for f in ("attn_bias", "qk_norm", "attn_out_gate", "attn_sinks", "attn_softcap",
-                      "query_scale"):
-                if getattr(self, f) not in (False, None):
-                    raise ValueError(f"{f}={getattr(self, f)!r} is not implemented for "
-                                     "attention='mla'; leave it unset (False / None)")
-        if "sliding" in kinds:
-            _positive("window", self.window)
-        if "sparse" in kinds:
-            for f in ("sparse_top_k", "indexer_heads", "indexer_dim"):
-                _positive(f, getattr(self, f))
-        if "linear" in kinds:
-            for f in ("linear_k_heads", "linear_v_heads", "linear_key_dim",
-                      "linear_value_dim", "linear_conv", "linear_chunk"):
-                _positive(f, getattr(self, f))
-            if self.linear_v_heads % self.linear_k_heads:
-                raise ValueError(
-                    f"linear_v_heads={self.linear_v_heads} is not divisible by "
-                    f"linear_k_heads={self.linear_k_heads}"
-                )
+        attention.validate(self)  # each variant in use checks the fields it reads
 
     def _check_patterns(self):
-        from refmodel.attention import registered  # late import: variants register themselves
+        from refmodel import attention
 
-        allowed = tuple(registered()) + ("none",)
-        _one_of("attention", self.attention, allowed[:-1])
+        allowed = tuple(attention.registered()) + ("none",)
+        one_of("attention", self.attention, allowed[:-1])
         if self.layer_pattern is not None:
             if not isinstance(self.layer_pattern, tuple) or not self.layer_pattern:
                 raise ValueError(
                     f"layer_pattern={self.layer_pattern!r} must be a non-empty tuple of kinds"
                 )
             for kind in self.layer_pattern:
-                _one_of("layer_pattern", kind, allowed)
+                one_of("layer_pattern", kind, allowed)
         if self.ffn_pattern is not None:
             if not isinstance(self.ffn_pattern, tuple) or not self.ffn_pattern:
                 raise ValueError(
                     f"ffn_pattern={self.ffn_pattern!r} must be a non-empty tuple of kinds"
                 )
             for kind in self.ffn_pattern:
-                _one_of("ffn_pattern", kind, FFN_KINDS)
+                one_of("ffn_pattern", kind, FFN_KINDS)
 
     # Derived values --------------------------------------------------------------------------
 
@@ -241,11 +214,11 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
 
-def _positive(field: str, value) -> None:
+def positive(field: str, value) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"{field}={value!r} must be a positive integer")
 
 
-def _one_of(field: str, value, allowed) -> None:
+def one_of(field: str, value, allowed) -> None:
     if value not in allowed:
         raise ValueError(f"{field}={value!r} is not allowed; choose one of {sorted(allowed)}")

@@ -19,23 +19,21 @@ Counts: `count="implementation"` (the default) is what this code executes; `coun
 is what an engine that skips the work below would do. They differ only where this code
 does work a windowed engine would not: the sliding-window ring scores every one of its W
 slots, masked or not (op `ring_masked_slots`, see refmodel/attention/sliding.py). Measured
-phases (microbench) and the compiler cross-check (refmodel/check.py) compare against the
+phases (microbench) and the compiler cross-check (refmodel/compiler_check.py) compare against the
 implementation's count; real architectures modelled on spec chips should use the engine's.
 
 Op names are the `jax.named_scope`s of the code (qkv_proj, attn_scores, ffn_up, router, ...)
 summed over layers; `norm`, `residual` are the unscoped norms and residual adds. Conventions
 (2 FLOPs per multiply-add, bytes = what an op must move at least once) are in
-`refmodel/costing.py`; the compiler cross-check of these numbers is `refmodel/check.py`.
+`refmodel/counting.py`; the compiler cross-check of these numbers is `refmodel/compiler_check.py`.
 """
 
 from __future__ import annotations
 
 from refmodel import attention
-from refmodel.attention.gqa import SOFTCAP_FLOPS
-from refmodel.attention.sliding import RING_OP
 from refmodel.config import ModelConfig
-from refmodel.costing import BYTES, Cost, Dtypes, matmul, total
-from refmodel.layers import DenseFFN, norm_costs, norm_params
+from refmodel.counting import BYTES, Cost, Dtypes, matmul, total
+from refmodel.layers import SOFTCAP_FLOPS, DenseFFN, norm_costs, norm_params
 from refmodel.moe import MoE
 from refmodel.phases import PHASES
 
@@ -43,7 +41,6 @@ COMPONENTS = ("embedding", "positions", "attention", "norms", "dense_ffn", "rout
               "routed_experts", "shared_experts", "lm_head")
 TOKEN_ID_BYTES = 4  # int32 token ids read by the embedding gather
 COUNTS = ("implementation", "engine")
-IMPLEMENTATION_ONLY = (RING_OP,)  # ops `count="engine"` leaves out
 
 
 # Parameters ------------------------------------------------------------------------------------
@@ -121,8 +118,8 @@ def embed_costs(cfg: ModelConfig, tokens: float, dt: Dtypes) -> Cost:
     one learned-position row, added: 1 FLOP per element), writes x [tokens, D]."""
     D = cfg.d_model
     rows = 2 if cfg.position == "learned" else 1
-    return Cost(flops=(rows - 1) * tokens * D, weight_bytes=rows * tokens * D * dt.w,
-                act_bytes=tokens * (D * dt.a + TOKEN_ID_BYTES))
+    return Cost(flops=(rows - 1) * tokens * D, weight_bytes=rows * tokens * D * dt.weight_size,
+                act_bytes=tokens * (D * dt.act_size + TOKEN_ID_BYTES))
 
 
 def head_costs(cfg: ModelConfig, tokens: float, dt: Dtypes) -> Cost:
@@ -136,13 +133,14 @@ def head_costs(cfg: ModelConfig, tokens: float, dt: Dtypes) -> Cost:
 
 def residual_costs(cfg: ModelConfig, tokens: float, dt: Dtypes) -> Cost:
     """x + h over [tokens, D]: 1 FLOP per element, reads two and writes one."""
-    return Cost(flops=tokens * cfg.d_model, act_bytes=3.0 * tokens * cfg.d_model * dt.a)
+    return Cost(flops=tokens * cfg.d_model, act_bytes=3.0 * tokens * cfg.d_model * dt.act_size)
 
 
 def phase_ops(cfg: ModelConfig, phase: str, batch: int, context: int,
               dt: Dtypes, count: str = "implementation") -> dict[str, Cost]:
     """{op: Cost} of one phase (see the module docstring), summed over layers by op name;
-    `count="engine"` drops the IMPLEMENTATION_ONLY ops."""
+    `count="engine"` drops the ops only this implementation executes
+    (`refmodel.attention.implementation_only()`)."""
     _check_cfg(cfg)
     _check_phase(phase)
     _check_count(count)
@@ -172,7 +170,7 @@ def phase_ops(cfg: ModelConfig, phase: str, batch: int, context: int,
             add({"residual": residual_costs(cfg, tokens, dt)})
     if whole:
         add({"norm": norm_costs(cfg, D, tokens, dt), "lm_head": head_costs(cfg, tokens, dt)})
-    drop = IMPLEMENTATION_ONLY if count == "engine" else ()
+    drop = attention.implementation_only() if count == "engine" else ()
     return {op: cost for op, cost in ops.items() if cost != Cost() and op not in drop}
 
 

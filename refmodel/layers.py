@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from refmodel.config import ModelConfig
-from refmodel.costing import Cost, Dtypes, matmul
+from refmodel.counting import Cost, Dtypes, matmul
 
 GATED = ("swiglu", "geglu")
 
@@ -38,11 +38,22 @@ def norm_params(cfg: ModelConfig, dim: int) -> int:
     return 2 * dim if cfg.norm == "layernorm" else dim
 
 
-# Elementwise FLOPs per element of each activation as `activation` computes it (exp and tanh
-# are transcendentals, kept out of FLOPs as XLA's cost analysis does): SiLU x * sigmoid(x) =
-# negate, add, divide, multiply = 4; tanh-approximate GELU 0.5 x (1 + tanh(c (x + 0.044715
-# x^3))) = 8; squared ReLU = max, multiply = 2.
-ACT_FLOPS = {"swiglu": 4, "geglu": 8, "gelu": 8, "relu2": 2}
+# Elementwise FLOPs per element, as XLA's cost analysis counts them: one per arithmetic op,
+# compare or select; exp, log1p, tanh and rsqrt are transcendentals, kept out of FLOPs. Every
+# cost formula of the package takes these conventions from here.
+SIGMOID_FLOPS = 3  # 1 / (1 + exp(-x)): negate, add, divide
+SILU_FLOPS = SIGMOID_FLOPS + 1  # x * sigmoid(x)
+SOFTPLUS_FLOPS = 6  # jax.nn.softplus is logaddexp(x, 0): compare, max, abs, negate, add, select
+SOFTMAX_FLOPS = 4  # over a row: max, subtract, sum, divide (the exp: a transcendental)
+SOFTCAP_FLOPS = 2  # `soft_cap`: a divide and a multiply (the tanh: a transcendental)
+# Each FFN activation as `activation` computes it: SiLU; tanh-approximate GELU 0.5 x (1 +
+# tanh(c (x + 0.044715 x^3))) = 8; squared ReLU = max, multiply = 2.
+ACT_FLOPS = {"swiglu": SILU_FLOPS, "geglu": 8, "gelu": 8, "relu2": 2}
+
+
+def soft_cap(x: jax.Array, cap: float) -> jax.Array:
+    """Gemma 2's logit soft-capping, cap * tanh(x / cap): SOFTCAP_FLOPS per element."""
+    return cap * jnp.tanh(x / cap)
 
 
 def act_flops(name: str) -> int:
@@ -109,10 +120,10 @@ class DenseFFN(nnx.Module):
         up = matmul(tokens, D, n_in * width, dt)
         up = up + Cost(flops=act_flops(cfg.mlp_act) * tokens * width)
         if cfg.mlp_bias:
-            up = up + Cost(flops=tokens * width, weight_bytes=width * dt.w)
+            up = up + Cost(flops=tokens * width, weight_bytes=width * dt.weight_size)
         down = matmul(tokens, width, D, dt)
         if cfg.mlp_bias:
-            down = down + Cost(flops=tokens * D, weight_bytes=D * dt.w)
+            down = down + Cost(flops=tokens * D, weight_bytes=D * dt.weight_size)
         return {"ffn_up": up, "ffn_down": down}
 
 
@@ -129,4 +140,5 @@ NORM_FLOPS = {"rmsnorm": 4, "layernorm": 5}
 def norm_costs(cfg: ModelConfig, dim: int, tokens: float, dt: Dtypes) -> Cost:
     """One norm over `dim` channels of `tokens` rows: reads its weights, reads and writes x."""
     return Cost(flops=NORM_FLOPS[cfg.norm] * tokens * dim,
-                weight_bytes=norm_params(cfg, dim) * dt.w, act_bytes=2.0 * tokens * dim * dt.a)
+                weight_bytes=norm_params(cfg, dim) * dt.weight_size,
+                act_bytes=2.0 * tokens * dim * dt.act_size)

@@ -15,7 +15,7 @@ from flax import nnx, struct
 
 from refmodel import attention
 from refmodel.config import ModelConfig
-from refmodel.layers import DenseFFN, norm, param
+from refmodel.layers import DenseFFN, norm, param, soft_cap
 from refmodel.moe import MoE
 
 
@@ -98,8 +98,7 @@ class Transformer(nnx.Module):
                 logits = x @ self.lm_head[...]
             logits = logits.astype(jnp.float32)
             if self.cfg.final_softcap is not None:
-                c = self.cfg.final_softcap
-                logits = c * jnp.tanh(logits / c)
+                logits = soft_cap(logits, self.cfg.final_softcap)
         return logits
 
     def __call__(self, tokens: jax.Array, cache: Cache | None = None):

@@ -17,8 +17,17 @@ import jax.numpy as jnp
 from flax import nnx
 
 from refmodel.config import ModelConfig
-from refmodel.costing import Cost, Dtypes, matmul
-from refmodel.layers import GATED, DenseFFN, act_flops, activation, param, zeros
+from refmodel.counting import Cost, Dtypes, matmul
+from refmodel.layers import (
+    GATED,
+    SIGMOID_FLOPS,
+    SOFTMAX_FLOPS,
+    DenseFFN,
+    act_flops,
+    activation,
+    param,
+    zeros,
+)
 
 
 def expected_distinct_experts(tokens: float, n_experts: int, top_k: int) -> float:
@@ -162,7 +171,7 @@ class MoE(nnx.Module):
 
         FLOPs are the grouped matmuls' 2 (pairs) D F: the routed rows, without the padding
         of each expert's rows to whole tiles in `grouped_experts` (at most tile - 1 per
-        expert). XLA's cost analysis counts that loop differently: see `refmodel.check`.
+        expert). XLA's cost analysis counts that loop differently: see `refmodel.compiler_check`.
         """
         D, E, A, F = cfg.d_model, cfg.n_experts, cfg.top_k, cfg.expert_width
         n_in = 2 if cfg.mlp_act in GATED else 1
@@ -171,19 +180,21 @@ class MoE(nnx.Module):
         router = matmul(tokens, D, E, dt) + Cost(
             flops=(SCORE_FLOPS[cfg.router_score] + cfg.router_bias) * tokens * E
             + (TOPK_NORM_FLOPS * pairs if cfg.norm_topk else 0),
-            weight_bytes=(E * dt.w if cfg.router_bias else 0))
+            weight_bytes=(E * dt.weight_size if cfg.router_bias else 0))
         # Sort the pairs by expert (XLA counts a compare per element per merge level) and count
         # them per expert (one add each); gather each pair's token row.
         sort = pairs * max(1.0, math.ceil(math.log2(max(pairs, 1.0)))) + pairs
-        dispatch = Cost(flops=sort, act_bytes=2.0 * pairs * D * dt.a)
+        dispatch = Cost(flops=sort, act_bytes=2.0 * pairs * D * dt.act_size)
         up = matmul(pairs, D, n_in * F, dt, weight=False) + Cost(
-            flops=act_flops(cfg.mlp_act) * pairs * F, weight_bytes=touched * n_in * D * F * dt.w)
-        down = matmul(pairs, F, D, dt, weight=False) + Cost(weight_bytes=touched * F * D * dt.w)
+            flops=act_flops(cfg.mlp_act) * pairs * F,
+            weight_bytes=touched * n_in * D * F * dt.weight_size)
+        down = matmul(pairs, F, D, dt, weight=False) + Cost(
+            weight_bytes=touched * F * D * dt.weight_size)
         if cfg.moe_bias:
-            up = up + Cost(flops=n_in * pairs * F, weight_bytes=touched * n_in * F * dt.w)
-            down = down + Cost(flops=pairs * D, weight_bytes=touched * D * dt.w)
+            up = up + Cost(flops=n_in * pairs * F, weight_bytes=touched * n_in * F * dt.weight_size)
+            down = down + Cost(flops=pairs * D, weight_bytes=touched * D * dt.weight_size)
         # Weight each pair's output and scatter-add it to its token: 2 FLOPs per element.
-        combine = Cost(flops=2.0 * pairs * D, act_bytes=(pairs + tokens) * D * dt.a)
+        combine = Cost(flops=2.0 * pairs * D, act_bytes=(pairs + tokens) * D * dt.act_size)
         ops = {"router": router, "dispatch": dispatch, "ffn_up": up, "ffn_down": down,
                "combine": combine}
         if cfg.n_shared_experts:
@@ -195,8 +206,8 @@ class MoE(nnx.Module):
         return ops
 
 
-# Router elementwise FLOPs per (token, expert) score (exp is a transcendental): softmax = max,
-# subtract, sum, divide = 4; sigmoid = negate, add, divide = 3. The top-k selection itself is
-# counted as 0 by XLA; renormalising the top-k weights is a sum and a divide per pair.
-SCORE_FLOPS = {"softmax": 4, "sigmoid": 3}
+# Router elementwise FLOPs per (token, expert) score: a softmax or a sigmoid (the conventions
+# of `refmodel.layers`). The top-k selection itself is counted as 0 by XLA; renormalising the
+# top-k weights is a sum and a divide per pair.
+SCORE_FLOPS = {"softmax": SOFTMAX_FLOPS, "sigmoid": SIGMOID_FLOPS}
 TOPK_NORM_FLOPS = 2

@@ -7,8 +7,8 @@ reading the FFN weights). The names are fixed: the same strings name the `jax.na
 in the code, the cost model's phases (`refmodel.costs`), the benchmark results and the figures.
 
 Everything is a pure function of `(state, inputs, cache)` with the graph definition bound
-statically, and jitted with `jax.jit` (not `nnx.jit`, which copies the module state out of
-every call: METHOD.md measured it 8x slower on the decode step) with the cache donated.
+statically, and jitted with `jax.jit` (not `nnx.jit`, which splits and merges the module state on
+every call: several times slower on a decode step) with the cache donated.
 `Phases(model).jitted[name]` is the very callable that the benchmarks time and that the
 compiler cross-check lowers.
 """
@@ -74,18 +74,22 @@ def decode_ffn(graphdef, state, x, layers: tuple[int, ...] | None = None):
     return h[:, 0]
 
 
+# Every phase and the argument it donates, by its number in the jitted call (state, x, cache):
+# the cache, whose buffers the updated cache reuses. The one table `jitted` and `donation`
+# both read.
 _PURE = {"forward": forward, "prefill": prefill, "decode": decode,
          "decode_attention": decode_attention, "decode_ffn": decode_ffn}
-_DONATE = {"prefill": ("cache",), "decode": ("cache",), "decode_attention": ("cache",)}
+_DONATED = {"prefill": 2, "decode": 2, "decode_attention": 2}
 
 
 @functools.lru_cache(maxsize=64)
 def jitted(name: str, graphdef, layers: tuple[int, ...] | None = None):
-    """The jitted phase `name` for one graph (cached, so each compiles once per shape)."""
+    """The jitted phase `name` for one graph, its cache donated (cached, so each compiles once
+    per shape). `Phases(model).jitted[name]` is the same callable."""
     fn = functools.partial(_PURE[name], graphdef)
     if layers is not None:
         fn = functools.partial(fn, layers=layers)
-    return jax.jit(fn, donate_argnames=_DONATE.get(name, ()))
+    return jax.jit(fn, donate_argnums=donation(name)[0])
 
 
 class Phases:
@@ -149,6 +153,6 @@ def donation(name: str) -> tuple[tuple[int, ...], object]:
     """(donated argument numbers, carry) of phase `name`: which inputs the jitted phase
     donates, and a function picking from its output the values to pass in their place on
     the next call (the updated cache)."""
-    if name in _DONATE:
-        return (2,), lambda out: (out[1],)
+    if name in _DONATED:
+        return (_DONATED[name],), lambda out: (out[1],)
     return (), None

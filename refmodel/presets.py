@@ -34,8 +34,8 @@ _add(ModelConfig(name="bench", vocab_size=16384, d_model=768, n_layers=4, n_head
                  window=256, kv_lora_rank=192, qk_nope_dim=64, qk_rope_dim=32, v_head_dim=64,
                  sparse_top_k=256, indexer_heads=4, indexer_dim=64, linear_k_heads=6,
                  linear_v_heads=12, linear_key_dim=64, linear_value_dim=64, linear_chunk=64))
-# ~317M parameters, 1.27 GB in float32: weights ~40x this machine's last-level cache, so a
-# batch-1 decode step streams from DRAM (the bandwidth-bound regime of issue 6).
+# ~317M parameters, 1.27 GB in float32: weights ~40x a 32 MiB last-level cache, so a
+# batch-1 decode step streams from DRAM (the bandwidth-bound regime).
 _add(ModelConfig(name="medium", vocab_size=32000, d_model=1024, n_layers=20, n_heads=16,
                  n_kv_heads=8, d_ff=3072, n_experts=8, top_k=2, d_ff_expert=1536,
                  window=256, kv_lora_rank=256, qk_nope_dim=64, qk_rope_dim=32, v_head_dim=64,

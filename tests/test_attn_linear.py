@@ -12,7 +12,7 @@ from flax import nnx
 import refmodel
 from refmodel.attention.linear import LinearAttention, LinearCache, sizes
 from refmodel.attention.linear_scan import RULES, chunked, recurrent
-from refmodel.costing import Dtypes
+from refmodel.counting import Dtypes
 
 # Distinct sizes so that a swapped dimension shows: N=6 value heads in K=2 groups of G=3,
 # H=5 key dim, P=3 value dim, Q=3 taps, chunk 4.

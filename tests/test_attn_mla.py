@@ -17,7 +17,7 @@ from flax import nnx
 import refmodel
 from refmodel.attention.mla import NORM_FLOPS, MLACache
 from refmodel.attention.mla import MultiHeadLatentAttention as MLA
-from refmodel.costing import Dtypes, total
+from refmodel.counting import Dtypes, total
 
 B, T = 2, 8  # golden: batch and total length (prefill 2 + 2, then 4 decode steps)
 

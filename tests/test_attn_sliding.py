@@ -19,7 +19,7 @@ from flax import nnx
 import refmodel
 from refmodel.attention import get
 from refmodel.attention.sliding import RING_OP, RingCache, SlidingWindowAttention
-from refmodel.costing import Dtypes
+from refmodel.counting import Dtypes
 
 W = 8
 
@@ -185,7 +185,7 @@ def test_decode_cost_stops_growing_at_the_window():
     cfg = tiny(attention="sliding", window=W)
     dt, B, K, H = Dtypes(kv="bfloat16"), 4, cfg.n_kv_heads, cfg.head_size
     cls, gqa = SlidingWindowAttention, get("gqa")
-    per_key = 2 * B * K * H * dt.c  # K and V of one key per sequence
+    per_key = 2 * B * K * H * dt.kv_size  # K and V of one key per sequence
 
     def decode_kv(c, context, ops=None):
         out = c.costs(cfg, "sliding", B, 1, context, dt)
@@ -219,12 +219,12 @@ def test_decode_cost_stops_growing_at_the_window():
 def test_compiled_ring_executes_every_slot_below_the_window():
     """XLA's count of the compiled decode step at a context well inside the window matches the
     implementation's count (W slots scored), not the engine's (context + 1 keys): the reason
-    refmodel/check.py and microbench compare against `count="implementation"`."""
-    from refmodel import check, costs
+    refmodel/compiler_check.py and microbench compare against `count="implementation"`."""
+    from refmodel import compiler_check, costs
 
-    cfg = dataclasses.replace(check.variants(("sliding",))["sliding dense"], window=16)
+    cfg = dataclasses.replace(compiler_check.variants(("sliding",))["sliding dense"], window=16)
     phases = refmodel.Phases(refmodel.init(cfg, seed=0))
-    row = check.check_one("sliding", cfg, phases, "decode_attention", batch=2, context=2)
-    assert abs(row["flops_rel_err"]) <= check.FLOP_RTOL, check.format_table([row])
+    row = compiler_check.check_one("sliding", cfg, phases, "decode_attention", batch=2, context=2)
+    assert abs(row["flops_rel_err"]) <= compiler_check.FLOP_RTOL, compiler_check.format_table([row])
     engine = costs.phase_costs(cfg, "decode_attention", 2, 2, count="engine")["flops"]
-    assert abs(row["xla_flops"] - engine) / row["xla_flops"] > 5 * check.FLOP_RTOL
+    assert abs(row["xla_flops"] - engine) / row["xla_flops"] > 5 * compiler_check.FLOP_RTOL

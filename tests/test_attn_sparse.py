@@ -18,7 +18,7 @@ from test_attn_sliding import jitted, make_layer, np_attention, run_cached
 from refmodel.attention import get
 from refmodel.attention.common import causal_mask
 from refmodel.attention.sparse import SparseAttention, SparseCache
-from refmodel.costing import Dtypes
+from refmodel.counting import Dtypes
 
 
 def np_index_scores(layer, x):
@@ -140,14 +140,14 @@ def test_decode_reads_k_kv_entries_but_all_indexer_keys():
 
     for S in (16, 64, 4096, 65536):
         ops = decode(S)
-        assert ops["topk_select"].kv_bytes == 2 * B * min(k, S) * K * H * dt.c
+        assert ops["topk_select"].kv_bytes == 2 * B * min(k, S) * K * H * dt.kv_size
         assert ops["attn_scores"].kv_bytes == ops["attn_values"].kv_bytes == 0
         assert ops["attn_scores"].flops == 2 * B * cfg.n_heads * min(k, S) * H
-        assert ops["indexer"].kv_bytes == B * (S + 1) * J * dt.c  # read S keys, write one
+        assert ops["indexer"].kv_bytes == B * (S + 1) * J * dt.kv_size  # read S keys, write one
     assert decode(65536)["topk_select"].kv_bytes == decode(4096)["topk_select"].kv_bytes
     gqa = sum(o.kv_bytes for o in get("gqa").costs(cfg, "gqa", B, 1, 65535, dt).values())
     sparse = sum(o.kv_bytes for o in decode(65536).values())
     # still O(S) through the indexer: 2KH / J = 4x fewer bytes per token, not 1000x
     assert 3 < gqa / sparse < 4
     assert SparseAttention.cache_bytes(cfg, "sparse", B, 100, dt) == \
-        get("gqa").cache_bytes(cfg, "gqa", B, 100, dt) + B * 100 * J * dt.c
+        get("gqa").cache_bytes(cfg, "gqa", B, 100, dt) + B * 100 * J * dt.kv_size

@@ -12,8 +12,9 @@ import pytest
 
 import refmodel
 from microbench import breakdown as bd
-from microbench import cli, plot_breakdown
-from microbench.phases import Budget
+from microbench import cli
+from microbench.plots import breakdown as breakdown_plot
+from microbench.points import Budget
 from refmodel import costs
 
 FAST = Budget(budget_s=0.05, min_samples=2, min_sample_s=1e-4)
@@ -73,16 +74,16 @@ def test_json_round_trips_and_the_figure_draws_from_it(result, tmp_path):
         saved = json.load(f)
     expected = {k: v for k, v in result.items() if k != "_out"}
     assert saved == json.loads(json.dumps(expected))
-    fig = plot_breakdown.breakdown_figure(saved)
+    fig = breakdown_plot.breakdown_figure(saved)
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     shown = [r["op"] for r in saved["rows"] if r["time_s"] > 0 or r["fused"]]
     assert labels == shown + ["unattributed"]
     assert result["model"] in fig.axes[0].get_title()
-    assert plot_breakdown.save_breakdown_figure(saved, tmp_path / "b.png").stat().st_size > 0
+    assert breakdown_plot.save_breakdown_figure(saved, tmp_path / "b.png").stat().st_size > 0
 
 
 def test_plot_module_imports_no_jax():
-    code = "import sys, microbench.plot_breakdown; print('jax' in sys.modules)"
+    code = "import sys, microbench.plots.breakdown; print('jax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"

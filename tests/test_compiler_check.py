@@ -6,8 +6,9 @@ MoE FFN runs its three phases once (on GQA): `costs` sums a layer's mixer and FF
 (asserted below), so a kind's MoE rows add nothing the two sets do not check, and decode_ffn
 does not depend on the kind at all. `python -m refmodel costs --check` prints the full matrix.
 
-Tolerance: |XLA - (analytic + known differences)| / XLA <= check.FLOP_RTOL (2%). The known
-differences and the few FLOPs per row the model leaves out are explained in refmodel/check.py.
+Tolerance: |XLA - (analytic + known differences)| / XLA <= compiler_check.FLOP_RTOL (2%). The
+known differences and the few FLOPs per row the model leaves out are explained in
+refmodel/compiler_check.py.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import dataclasses
 import pytest
 
 import refmodel
-from refmodel import check, costs
+from refmodel import compiler_check, costs
 
-VARIANTS = {label: cfg for label, cfg in check.variants().items() if label.endswith("dense")}
+VARIANTS = {label: cfg for label, cfg in compiler_check.variants().items()
+            if label.endswith("dense")}
 DENSE_PHASES = ("prefill", "decode_attention", "decode")
 MOE_PHASES = ("prefill", "decode_ffn", "decode")
 
@@ -38,19 +40,19 @@ def phases_of():
 
 def assert_row(row):
     assert row["xla_flops"] is not None and row["xla_flops"] > 0, row
-    assert abs(row["flops_rel_err"]) <= check.FLOP_RTOL, check.format_table([row])
+    assert abs(row["flops_rel_err"]) <= compiler_check.FLOP_RTOL, compiler_check.format_table([row])
 
 
 @pytest.mark.parametrize("phase", DENSE_PHASES)
 @pytest.mark.parametrize("label", VARIANTS)
 def test_dense_flops_match_compiler(label, phase, phases_of):
     cfg = VARIANTS[label]
-    assert_row(check.check_one(label, cfg, phases_of(cfg), phase))
+    assert_row(compiler_check.check_one(label, cfg, phases_of(cfg), phase))
 
 
 def test_decode_ffn_matches_compiler_and_ignores_attention(phases_of):
     cfg = VARIANTS["gqa dense"]
-    assert_row(check.check_one("gqa dense", cfg, phases_of(cfg), "decode_ffn"))
+    assert_row(compiler_check.check_one("gqa dense", cfg, phases_of(cfg), "decode_ffn"))
     for other in VARIANTS.values():
         assert costs.phase_costs(other, "decode_ffn", 2, 8) == costs.phase_costs(
             cfg, "decode_ffn", 2, 8)
@@ -63,9 +65,9 @@ def test_moe_flops_match_compiler(phase, phases_of):
     prefill (32 rows, 4-row tiles) every expert gets exactly one tile and nothing is added
     but the tiles' selects."""
     cfg = dataclasses.replace(VARIANTS["gqa dense"], ffn="moe")
-    row = check.check_one("gqa moe", cfg, phases_of(cfg), phase)
+    row = compiler_check.check_one("gqa moe", cfg, phases_of(cfg), phase)
     assert_row(row)
-    known = row["known_differences"].get(check.EXPERT_LOOPS, 0)
+    known = row["known_differences"].get(compiler_check.EXPERT_LOOPS, 0)
     rows = {"prefill": 0, "decode_ffn": 4, "decode": 4}[phase] * cfg.n_layers
     assert known >= rows * 2 * 3 * cfg.d_model * cfg.expert_width
 
@@ -105,13 +107,13 @@ def test_cost_analysis_shapes_and_fast_compile(phases_of):
         def cost_analysis(self):
             return self.out
 
-    assert check.cost_analysis(Fake([{"flops": 3.0}])) == {"flops": 3.0}
-    assert check.cost_analysis(Fake({"flops": 3.0})) == {"flops": 3.0}
-    assert check.cost_analysis(Fake(None)) is None
-    assert check.cost_analysis(Fake([])) is None
+    assert compiler_check.cost_analysis(Fake([{"flops": 3.0}])) == {"flops": 3.0}
+    assert compiler_check.cost_analysis(Fake({"flops": 3.0})) == {"flops": 3.0}
+    assert compiler_check.cost_analysis(Fake(None)) is None
+    assert compiler_check.cost_analysis(Fake([])) is None
     cfg = VARIANTS["gqa dense"]
-    fast = check.check_one("gqa", cfg, phases_of(cfg), "decode_attention", fast=True)
-    slow = check.check_one("gqa", cfg, phases_of(cfg), "decode_attention", fast=False)
+    fast = compiler_check.check_one("gqa", cfg, phases_of(cfg), "decode_attention", fast=True)
+    slow = compiler_check.check_one("gqa", cfg, phases_of(cfg), "decode_attention", fast=False)
     assert fast["xla_flops"] == slow["xla_flops"]
 
 
@@ -120,5 +122,5 @@ def test_table_names_every_row():
              "analytic_flops": 10.0, "known_differences": {}, "expected_flops": 10.0,
              "xla_flops": 11.0, "flops_rel_err": 1 / 11, "analytic_bytes": 5.0,
              "xla_bytes": 7.0, "xla_transcendentals": 0.0}]
-    table = check.format_table(rows)
-    assert "x" in table and "+9.09%" in table and f"{check.FLOP_RTOL:.0%}" in table
+    table = compiler_check.format_table(rows)
+    assert "x" in table and "+9.09%" in table and f"{compiler_check.FLOP_RTOL:.0%}" in table

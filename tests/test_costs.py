@@ -11,7 +11,7 @@ from conftest import tiny
 
 import refmodel
 from refmodel import cli, costs, presets
-from refmodel.costing import total
+from refmodel.counting import total
 from refmodel.layers import norm_costs
 from refmodel.moe import expected_distinct_experts
 

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from microbench import hardware, peaks, peers, synthetic
+from microbench import hardware, peaks, peers, roofline, synthetic
 
 
 @pytest.mark.parametrize("quick", [True, False])
@@ -25,7 +25,7 @@ def test_memory_levels_cpu_from_os_and_gpu_from_spec():
     gpu = {"backend": "gpu", "affinity": [0], "caches": env["caches"]}
     assert peaks.memory_levels(gpu, hardware.get("MI300X")) == [
         ("L2", 32 << 20), ("Infinity Cache", 256 << 20)]
-    assert peaks.main_memory_name(gpu) == "HBM"
+    assert roofline.main_memory_name(gpu) == "HBM"
 
 
 def test_csv_rows_one_per_measurement():
@@ -50,6 +50,11 @@ def test_a_main_memory_sweep_point_above_the_roof_is_flagged_not_a_roof():
     res = synthetic.result()
     main = next(r for r in res["roofs"]["memory"] if r["level"] == "DRAM")
     assert not main["suspect"]
+    # levels are structured fields: main memory's STREAM roof and XLA's cache plateaus
+    assert (main["memory"], main["access"], main["main"]) == ("DRAM", "read+write", True)
+    assert roofline.main_roofs(res["roofs"]["memory"]) == [main]
+    assert [(r["memory"], r["access"], r["main"]) for r in res["roofs"]["memory"][:3]] == [
+        (name, "read+write", False) for name in ("L1", "L2", "L3")]
     big = [p for p in res["sweep"]["points"] if p["working_set_bytes"] >= 4 * (32 << 20)]
     assert big and not any(p["suspect"] for p in big)  # the synthetic sweep agrees with STREAM
     big[-1]["bytes_per_s"] = {k: 2 * v for k, v in big[-1]["bytes_per_s"].items()}

@@ -1,14 +1,19 @@
 """The roofline figure is drawn from a saved results file: log-log axes, the expected labelled
-lines, suspect values drawn as errors; the CLI redraws it and lists the spec database."""
+lines, suspect values drawn as errors; the CLI redraws it and lists the spec database. Every
+committed figure redraws from figures/data with JAX and Flax unimportable, and the plots
+package has no import cycle."""
 
+import ast
 import json
 import struct
+import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
-from microbench import cli, harness, plot, synthetic
+from microbench import cli, harness, plots, synthetic
 
 
 def _png_size(path):
@@ -23,14 +28,14 @@ def saved(tmp_path):
 
 
 def test_plot_files_writes_a_sensible_png(saved, tmp_path):
-    out = plot.plot_files([saved], tmp_path / "figs")
+    out = plots.plot_files([saved], tmp_path / "figs")
     width, height = _png_size(out)
     assert width >= 1200 and height >= 900
     assert out.stat().st_size > 30_000
 
 
 def test_roofline_content(saved):
-    fig = plot.roofline_figure(plot.load_results([saved]))
+    fig = plots.roofline_figure(plots.load_results([saved]))
     ax = fig.axes[0]
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
     assert "FLOP / byte" in ax.get_xlabel() and "FLOP / s" in ax.get_ylabel()
@@ -48,17 +53,17 @@ def test_roofline_content(saved):
 
 def test_suspect_value_is_drawn_as_an_error_not_a_roof():
     peak = synthetic.spec().peak_flops["float32"]
-    fig = plot.roofline_figure([synthetic.result(extra_gemm=2 * peak)])
+    fig = plots.roofline_figure([synthetic.result(extra_gemm=2 * peak)])
     labels = fig.axes[0].get_legend_handles_labels()[1]
     assert any(label.startswith("SUSPECT") for label in labels)
     gemm = next(label for label in labels if label.startswith("measured GEMM float32"))
-    assert plot.fmt_si(2 * peak, "FLOP/s") not in gemm
+    assert plots.fmt_si(2 * peak, "FLOP/s") not in gemm
 
 
 def test_several_machines_on_one_chart(tmp_path):
     paths = [harness.write_json_atomic(tmp_path / f"{m}.json", synthetic.result(machine=m))
              for m in ("box A", "box B")]
-    labels = plot.roofline_figure(plot.load_results(paths)).axes[0].get_legend_handles_labels()[1]
+    labels = plots.roofline_figure(plots.load_results(paths)).axes[0].get_legend_handles_labels()[1]
     assert any(lbl.startswith("[box A]") for lbl in labels)
     assert any(lbl.startswith("[box B]") for lbl in labels)
 
@@ -69,12 +74,12 @@ def test_invalid_results_file_is_refused(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(bad))
     with pytest.raises(ValueError, match="result.roofs"):
-        plot.load_results([path])
+        plots.load_results([path])
 
 
 def test_fmt_si():
-    assert plot.fmt_si(2.01e11, "FLOP/s") == "201 GFLOP/s"
-    assert plot.fmt_si(5.3e12, "B/s") == "5.3 TB/s"
+    assert plots.fmt_si(2.01e11, "FLOP/s") == "201 GFLOP/s"
+    assert plots.fmt_si(5.3e12, "B/s") == "5.3 TB/s"
 
 
 def test_cli_plot_redraws_from_saved_results(saved, tmp_path, capsys):
@@ -97,3 +102,59 @@ def test_cli_register_adds_a_subcommand(monkeypatch):
     monkeypatch.setattr(cli, "COMMANDS", list(cli.COMMANDS))
     cli.register("phases", "time the phases", "fake_cmd")
     assert cli.main(["phases", "--n", "3"]) == 0 and calls == [3]
+
+
+# ------------------------------------------------------------------ no JAX, no cycle
+
+REPO = Path(__file__).resolve().parents[1]
+PLOTS = REPO / "microbench" / "plots"
+
+REDRAW_WITHOUT_JAX = r"""
+import sys
+
+
+class Blocked:  # a finder that makes jax, jaxlib and flax unimportable
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ("jax", "jaxlib", "flax"):
+            raise ImportError(f"{name} is blocked: drawing from saved JSON must not import it")
+        return None
+
+
+sys.meta_path.insert(0, Blocked())
+from microbench import summary  # what `python -m microbench figures` runs
+import microbench.plots.breakdown
+
+for path in summary.draw(sys.argv[2], sys.argv[1]):
+    print(path.name)
+print(sorted(m for m in sys.modules if m.partition(".")[0] in ("jax", "jaxlib", "flax")))
+"""
+
+
+def test_every_figure_redraws_from_the_committed_data_without_jax(tmp_path):
+    data = REPO / "figures" / "data"
+    proc = subprocess.run([sys.executable, "-c", REDRAW_WITHOUT_JAX, str(data), str(tmp_path)],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    *written, loaded = proc.stdout.split()
+    assert loaded == "[]"
+    assert sorted(written) == sorted([f"{name}.png" for name in plots.FIGURES] + ["summary.md"])
+    # the summary is the committed one, word for word
+    assert (tmp_path / "summary.md").read_text() == (REPO / "figures" / "summary.md").read_text()
+    for name in written[:-1]:
+        width, height = _png_size(tmp_path / name)
+        assert width >= 1000 and height >= 600, name
+
+
+# plots/ modules in dependency order: each imports only modules before it (no cycle).
+PLOTS_ORDER = ("common", "roofline", "hierarchy", "claims", "points", "sweeps", "breakdown")
+
+
+def test_plots_modules_import_only_earlier_ones():
+    assert sorted(PLOTS_ORDER) == sorted(p.stem for p in PLOTS.glob("*.py")
+                                         if p.stem != "__init__")
+    for i, name in enumerate(PLOTS_ORDER):
+        tree = ast.parse((PLOTS / f"{name}.py").read_text())
+        used = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                and node.module and node.module.startswith("microbench.plots")}
+        assert "microbench.plots" not in used, name  # the package imports its modules
+        assert {m.rsplit(".", 1)[1] for m in used} <= set(PLOTS_ORDER[:i]), (name, used)

@@ -1,4 +1,4 @@
-"""Phase predictions (microbench.phases) and the roofs they use (microbench.peaks), on
+"""Phase predictions (microbench.points) and the roofs they use (microbench.peaks), on
 synthetic peaks results: the working-set curve ends at main memory's read roof; a predicted
 time is continuous in the working set (no cliff at the last-level cache), includes the per-call
 floor, is "overhead"-bound when the floor dominates, scales only main memory by the drift
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from microbench import hardware, peaks, phases, rounds, synthetic
+from microbench import hardware, peaks, points, rounds, synthetic
 
 LLC = 32 << 20
 CAPS = [["L1", 96 << 10], ["L2", 2 << 20], ["L3", LLC]]
@@ -71,14 +71,14 @@ def point(working_set, nbytes=1e8, flops=1e6, kernels=3, t=None, rel=0.02):
 
 
 def predicted(peaks_res, ws, factors=None, **kw):
-    return phases.attach_prediction(point(ws, **kw), peaks_res, factors)["predicted"]
+    return points.attach_prediction(point(ws, **kw), peaks_res, factors)["predicted"]
 
 
 # ------------------------------------------------------------------ prediction_inputs
 
 
 def test_prediction_inputs_curve_ends_at_main_memorys_read_roof():
-    inputs = phases.prediction_inputs(peaks_result())
+    inputs = points.prediction_inputs(peaks_result())
     curve = inputs["curve"]
     kept = [s for s in SIZES if s <= 4 * LLC]
     assert [c[0] for c in curve[:-1]] == kept  # the measured points up to 4x the LLC
@@ -88,12 +88,12 @@ def test_prediction_inputs_curve_ends_at_main_memorys_read_roof():
     assert inputs["overhead"] == {"dispatch_s": 5e-6, "per_kernel_s": 1e-6}
     assert inputs["probe_bytes"] == 64 << 20
     assert inputs["probe_reference"] == {"read_bytes_per_s": 3e10, "gemm_flops_per_s": 1.5e11}
-    assert phases.prediction_inputs(inputs) is inputs  # a reduced block passes through
+    assert points.prediction_inputs(inputs) is inputs  # a reduced block passes through
 
 
 @pytest.mark.parametrize("kw", [{"main_read_suspect": True}, {"with_hierarchy": False}])
 def test_no_curve_without_a_trusted_main_read_roof_or_a_hierarchy(kw):
-    inputs = phases.prediction_inputs(peaks_result(**kw))
+    inputs = points.prediction_inputs(peaks_result(**kw))
     assert inputs["curve"] is None
     assert inputs["cache_capacities"] == [["L2", 1 << 20], ["L3", 16 << 20]]
 
@@ -181,11 +181,11 @@ def test_drift_factors_average_the_probes_over_the_reference():
     ref = {"read_bytes_per_s": 3e10, "gemm_flops_per_s": 1e11}
     before = {"read_bytes_per_s": 2.4e10, "gemm_flops_per_s": 1e11}
     after = {"read_bytes_per_s": 1.8e10, "gemm_flops_per_s": 0.9e11}
-    f = phases.drift_factors(before, after, ref)
+    f = points.drift_factors(before, after, ref)
     assert f["memory"] == pytest.approx(0.7) and f["compute"] == pytest.approx(0.95)
-    none = phases.drift_factors(None, None, ref)
+    none = points.drift_factors(None, None, ref)
     assert none["memory"] == 1.0 and none["compute"] == 1.0
-    no_ref = phases.drift_factors(before, after, {"read_bytes_per_s": None})
+    no_ref = points.drift_factors(before, after, {"read_bytes_per_s": None})
     assert no_ref["memory"] == 1.0
 
 
@@ -193,7 +193,7 @@ def _timed(ratio, ws=1 << 30, rel=0.02, **kw):
     """A point whose measured median makes measured/predicted == ratio."""
     res = peaks_result()
     t_pred = predicted(res, ws, **kw)["time_s"]
-    return phases.attach_prediction(point(ws, t=t_pred / ratio, rel=rel, **kw), res)
+    return points.attach_prediction(point(ws, t=t_pred / ratio, rel=rel, **kw), res)
 
 
 def test_faster_than_the_roof_beyond_the_spreads_is_suspect():
@@ -233,7 +233,7 @@ def test_reattaching_inside_the_band_drops_an_old_reason():
     p = _timed(0.5)
     assert "outside_reason" in p
     p["timing"] = rate(p["predicted"]["time_s"])
-    phases.attach_prediction(p, peaks_result())
+    points.attach_prediction(p, peaks_result())
     assert "outside_reason" not in p and p["measured_over_predicted"] == pytest.approx(1.0)
 
 
@@ -250,9 +250,9 @@ def test_synthetic_result_without_rounds_takes_stream_as_main_memory():
     ridge = next(r for r in res["roofs"]["ridges"] if r["compute"] == "GEMM float32")
     assert ridge["flops_per_byte"] == pytest.approx(2e11 / synthetic.LEVEL_BW["DRAM"])
     # and a phase prediction works on it: the L3 roof in cache, DRAM beyond
-    pt = phases.attach_prediction(point(8 << 20), res)
+    pt = points.attach_prediction(point(8 << 20), res)
     assert pt["predicted"]["memory_level"] == "L3"
-    pt = phases.attach_prediction(point(1 << 30), res)
+    pt = points.attach_prediction(point(1 << 30), res)
     assert pt["predicted"]["memory_level"] == "DRAM"
 
 
@@ -312,7 +312,7 @@ def test_main_read_faster_than_the_last_cache_is_flagged_and_not_a_ridge():
     read = next(r for r in res["roofs"]["memory"] if r["level"] == "DRAM read")
     assert read["suspect"] and "faster than the smaller L3" in read["reason"]
     assert {r["memory"] for r in res["roofs"]["ridges"]} == {"DRAM"}
-    assert phases.prediction_inputs(res)["curve"] is None  # nothing trusted to end it at
+    assert points.prediction_inputs(res)["curve"] is None  # nothing trusted to end it at
 
 
 def test_flag_points_flags_only_points_above_their_roof():

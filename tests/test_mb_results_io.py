@@ -84,6 +84,9 @@ def _set(obj, path, value):
     ("roofs/compute/0/kind", "magic", "result.roofs.compute[0].kind"),
     ("roofs/memory/0/value", 0, "result.roofs.memory[0].value"),
     ("roofs/memory/0/level", KeyError, "result.roofs.memory[0].level"),
+    ("roofs/memory/0/access", "write", "result.roofs.memory[0].access"),
+    ("roofs/memory/0/main", "yes", "result.roofs.memory[0].main"),
+    ("roofs/memory/0/memory", 2, "result.roofs.memory[0].memory"),
 ])
 def test_validator_names_the_bad_field(path, value, named):
     bad = copy.deepcopy(synthetic.result())

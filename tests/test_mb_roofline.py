@@ -1,6 +1,8 @@
 """Roofline arithmetic (microbench.roofline): the ridge names both roofs, spread is relative,
 `above` allows exactly the roof's spread, and the working-set curve is a log-log interpolation
-that is continuous, monotone between points, exact at the points and clamped at the ends."""
+that is continuous, monotone between points, exact at the points and clamped at the ends.
+Levels are structured fields (derived from an older file's `level` exactly as peaks writes
+them); the roof chosen for a working set, a ridge or a prediction is the one documented."""
 
 import math
 
@@ -26,6 +28,105 @@ def test_main_memory_name():
     assert roofline.main_memory_name({"backend": "cpu"}) == "DRAM"
     assert roofline.main_memory_name({"backend": "gpu"}) == "HBM"
     assert roofline.main_memory_name({"backend": "tpu"}) == "HBM"
+    assert all(roofline.is_main_memory(n) for n in ("DRAM", "HBM"))
+    assert not any(roofline.is_main_memory(n) for n in ("L2", "Infinity Cache", "P1"))
+
+
+# ------------------------------------------------------------------ levels
+
+@pytest.mark.parametrize("memory, access, main, level", [
+    ("DRAM", "read", True, "DRAM read"), ("DRAM", "read+write", True, "DRAM"),
+    ("HBM", "read", True, "HBM read"), ("HBM", "read+write", True, "HBM"),
+    ("L2", "read", False, "L2"), ("Infinity Cache", "read+write", False, "Infinity Cache")])
+def test_level_fields_and_the_derivation_from_an_older_level_agree(memory, access, main, level):
+    fields = roofline.level_fields(memory, access, main)
+    assert fields == {"level": level, "memory": memory, "access": access, "main": main}
+    # an older file's roof has only `level` (and, for a cache, the program that read it)
+    program = "C read (2 threads)" if access == "read" else "XLA in-place scale sweep"
+    older = {"kind": "memory", "level": level, "program": program}
+    assert roofline.levels(older) == {k: fields[k] for k in ("memory", "access", "main")}
+    assert roofline.upgrade_roofs({"memory": [older]})["memory"][0] == {**older, **fields}
+    with pytest.raises(ValueError, match="access"):
+        roofline.level_fields(memory, "write", main)
+
+
+def test_stored_fields_win_over_the_level_string():
+    roof = {"level": "DRAM", "memory": "HBM", "access": "read", "main": True}
+    assert roofline.levels(roof) == {"memory": "HBM", "access": "read", "main": True}
+
+
+def _mem(name, memory, access, main, value, suspect=False):
+    return {"name": name, "kind": "memory", **roofline.level_fields(memory, access, main),
+            "value": value, "p10": value * 0.9, "p90": value * 1.1, "suspect": suspect}
+
+
+L2 = _mem("L2", "L2", "read", False, 4e11)
+MAIN_RW = _mem("DRAM", "DRAM", "read+write", True, 5e10)
+MAIN_READ = _mem("DRAM read-only", "DRAM", "read", True, 3e10)
+ROOFS = {"compute": [{"name": "GEMM float32", "kind": "compute", "dtype": "float32",
+                      "value": 2e11, "p10": 1.9e11, "p90": 2.1e11, "suspect": False},
+                     {"name": "vector FMA float32", "kind": "compute", "dtype": "float32",
+                      "value": 3e11, "p10": 2.9e11, "p90": 3.1e11, "suspect": False}],
+         "memory": [L2, MAIN_RW, MAIN_READ]}
+CAPS = [["L2", 1 << 20], ["L3", 32 << 20]]
+
+
+def test_main_roofs_are_chosen_by_field_and_suspects_only_on_request():
+    assert roofline.main_roofs(ROOFS["memory"]) == [MAIN_RW, MAIN_READ]
+    assert roofline.main_roof(ROOFS["memory"], "read") is MAIN_READ
+    assert roofline.main_roof(ROOFS["memory"], "read+write") is MAIN_RW
+    flagged = {**MAIN_READ, "suspect": True}
+    assert roofline.main_roof([L2, flagged], "read") is None
+    assert roofline.main_roof([L2, flagged], "read", include_suspect=True) is flagged
+
+
+def test_the_holding_level_is_the_smallest_cache_that_holds_the_working_set():
+    memory = [L2, MAIN_RW]
+    assert roofline.holding_roof(memory, CAPS, 1000) is L2
+    # L3 holds it but has no measured roof: fall through to main memory
+    assert roofline.holding_roof(memory, CAPS, 4 << 20) is MAIN_RW
+    assert roofline.holding_roof(memory, CAPS, 1 << 40) is MAIN_RW
+    # main memory's read-only roof first: inference phases stream reads
+    assert roofline.holding_roof(ROOFS["memory"], CAPS, 1 << 40) is MAIN_READ
+    assert roofline.holding_roof(ROOFS["memory"], CAPS, 1000) is L2
+    with pytest.raises(ValueError, match="roofs.memory"):
+        roofline.holding_roof([L2], CAPS, 1 << 40)
+
+
+def test_ridges_divide_every_compute_roof_by_main_memorys_roofs():
+    got = roofline.ridges(ROOFS["compute"], ROOFS["memory"])
+    assert [(r["compute"], r["memory"]) for r in got] == [
+        ("GEMM float32", "DRAM"), ("GEMM float32", "DRAM read-only"),
+        ("vector FMA float32", "DRAM"), ("vector FMA float32", "DRAM read-only")]
+    assert roofline.phase_ridge(ROOFS, "float32")["memory"] == "DRAM read-only"
+    assert roofline.phase_ridge(ROOFS, "float32", "DRAM")["flops_per_byte"] == 2e11 / 5e10
+    assert roofline.phase_ridge(ROOFS, "bfloat16") is None  # no GEMM roof of that dtype
+
+
+def test_prediction_is_the_slower_of_compute_and_memory_plus_the_floor():
+    compute, memory = ROOFS["compute"][0], MAIN_RW
+    mem_bound = roofline.predict(flops=1e9, nbytes=1e9, compute=compute, memory=memory)
+    assert mem_bound["bound"] == "memory" and mem_bound["memory_level"] == "DRAM"
+    assert mem_bound["time_s"] == pytest.approx(1e9 / 5e10)
+    assert mem_bound["flops_per_s"] == pytest.approx(1e9 / (1e9 / 5e10))
+    comp_bound = roofline.predict(flops=1e12, nbytes=1e9, compute=compute, memory=memory)
+    assert comp_bound["bound"] == "compute"
+    assert comp_bound["time_s"] == pytest.approx(1e12 / 2e11)
+    floor = roofline.predict(flops=1e3, nbytes=1e3, compute=compute, memory=memory,
+                             floor_s=1e-3)
+    assert floor["bound"] == "overhead" and floor["time_s"] == pytest.approx(1e-3 + 1e3 / 5e10)
+
+
+def test_a_spec_devices_roofs_are_its_dtype_peak_and_its_main_memory():
+    from microbench import hardware
+
+    h100 = hardware.get("H100 SXM")
+    compute, memory = roofline.spec_roofs(h100, "bfloat16")
+    assert compute["value"] == h100.peak_flops["bfloat16"]
+    assert memory["value"] == h100.memory_bandwidth[h100.main_memory]
+    assert roofline.ridge(compute, memory)["flops_per_byte"] == hardware.ridge_point(h100)
+    unknown, _ = roofline.spec_roofs(h100, "float64")  # no such peak: the highest one
+    assert unknown["value"] == max(h100.peak_flops.values())
 
 
 def test_spread_of_a_roof_and_of_a_rate():

@@ -1,4 +1,4 @@
-"""The reference model against slow oracles and its own invariants (STYLE.md 11-14)."""
+"""The reference model against slow oracles and its own invariants."""
 
 from __future__ import annotations
 

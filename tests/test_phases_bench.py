@@ -1,5 +1,6 @@
-"""The phase benchmark: prediction arithmetic, result schema, that the timed callable is the
-counted one, and that every phase figure draws from a saved result. No timing assertions."""
+"""The phase benchmark: result schema, that the timed callable is the counted one, and that
+every phase figure draws from a saved result (the prediction arithmetic is tested in
+test_mb_roofline and test_mb_prediction). No timing assertions."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import numpy as np
 import pytest
 
 import refmodel
-from microbench import phases as mp
-from microbench import plot, plot_phases, suite, sweeps
+from microbench import plots, suite, summary, sweeps
+from microbench import points as mp
+from microbench.plots import claims
 from microbench.schema import point_sweeps, validate_result
 from refmodel import costs
 
@@ -28,32 +30,6 @@ TINY_PLAN = sweeps.PhasePlan(model="tiny", variants=("gqa", "gqa moe"), prefill_
                              context=8, batches=(1, 4), contexts=(8, 32),
                              context_variants=("gqa",), context_batch=2,
                              timing=mp.Budget(budget_s=0.01, min_samples=2, min_sample_s=1e-4))
-
-
-def test_prediction_is_the_slower_of_compute_and_memory():
-    compute, memory = ROOFS["compute"][0], ROOFS["memory"][1]
-    mem_bound = mp.predict(flops=1e9, nbytes=1e9, compute=compute, memory=memory)
-    assert mem_bound["bound"] == "memory"
-    assert mem_bound["time_s"] == pytest.approx(1e9 / 5e10)
-    assert mem_bound["flops_per_s"] == pytest.approx(1e9 / (1e9 / 5e10))
-    comp_bound = mp.predict(flops=1e12, nbytes=1e9, compute=compute, memory=memory)
-    assert comp_bound["bound"] == "compute"
-    assert comp_bound["time_s"] == pytest.approx(1e12 / 2e11)
-
-
-def test_memory_level_is_the_smallest_that_holds_the_working_set():
-    caps = PEAKS["sweep"]["cache_capacities"]
-    assert mp.memory_level(ROOFS, caps, 1000)["level"] == "L2"
-    # L3 holds it but has no measured roof: fall through to main memory
-    assert mp.memory_level(ROOFS, caps, 4 << 20)["level"] == "DRAM"
-    assert mp.memory_level(ROOFS, caps, 1 << 40)["level"] == "DRAM"
-    read = {"name": "DRAM read-only", "kind": "memory", "level": "DRAM read", "value": 3e10,
-            "p10": 3e10, "p90": 3e10, "source": "test", "suspect": False}
-    with_read = {**ROOFS, "memory": ROOFS["memory"] + [read]}
-    assert mp.memory_level(with_read, caps, 1 << 40)["level"] == "DRAM read"
-    assert mp.memory_level(with_read, caps, 1000)["level"] == "L2"
-    with pytest.raises(ValueError, match="roofs.memory"):
-        mp.memory_level({"memory": [], "compute": []}, caps, 1)
 
 
 @pytest.fixture(scope="module")
@@ -124,34 +100,34 @@ def test_phases_result_validates_and_bad_fields_are_named(result):
 def test_every_phase_figure_draws_from_the_saved_result(result):
     res, out = result
     saved = json.loads((out / "phases.json").read_text())
-    for name in suite.PHASE_FIGURES:
-        fig = plot.FIGURES[name]([saved])
+    for name in plots.PHASE_FIGURES:
+        fig = plots.FIGURES[name]([saved])
         axes = fig.get_axes()
         assert axes and all(ax.get_xlabel() for ax in axes), name
         assert any(ax.get_lines() or ax.patches or ax.collections for ax in axes), name
-    roof = plot.phases_roofline_figure([saved]).get_axes()[0]
+    roof = plots.phases_roofline_figure([saved]).get_axes()[0]
     assert roof.get_xscale() == "log" and roof.get_yscale() == "log"
 
 
 def test_summary_table_lists_every_roofline_point_and_every_point_outside_the_band(result):
     res, _ = result
     peaks = {**PEAKS, "environment": {"date_utc": "2026-11-30", "jax_version": "x"}}
-    table = suite.summary_markdown(peaks, res)
+    table = summary.summary_markdown(peaks, res)
     rows = [p for p in res["points"]
             if "roofline" in point_sweeps(p) or "outside_reason" in p]
     lines = [line for line in table.splitlines() if line.startswith(("| gqa |", "| gqa moe |"))]
     assert len(lines) == len(rows)
     for p in rows:
         assert any(line.startswith(f"| {p['variant']} | {p['phase']} |") for line in lines)
-    band = suite.band_summary(res["points"])
+    band = summary.band_summary(res["points"])
     assert f"**{band['inside']} of {band['n']} phase points within" in table
     for p in band["outside"]:  # every point outside the band carries its reason in the table
         assert p["outside_reason"] and p["outside_reason"] in table
 
 
 def test_crossover_interpolates_in_log_log():
-    assert plot_phases.crossover([100, 400], [1.0, 4.0], 2.0) == pytest.approx(200)
-    assert plot_phases.crossover([100, 400], [1.0, 1.5], 2.0) is None
+    assert claims.crossover([100, 400], [1.0, 4.0], 2.0) == pytest.approx(200)
+    assert claims.crossover([100, 400], [1.0, 1.5], 2.0) is None
 
 
 def test_modelled_series_follow_the_cost_model():

@@ -8,8 +8,9 @@ import copy
 
 import pytest
 
-from microbench import plot, sweeps  # plot first: it imports plot_phases's figures
-from microbench import plot_phases as pp
+from microbench import plots, sweeps
+from microbench.plots import claims
+from microbench.plots import points as phase_plots
 from microbench.schema import KIND_PHASES, SCHEMA_VERSION, point_sweeps, validate_result
 
 
@@ -20,37 +21,37 @@ def _t(median, spread=0.0):
 # ------------------------------------------------------------------ crossover decision
 
 def test_attention_already_above_at_the_smallest_context_is_not_a_clamped_crossing():
-    d = pp.crossover_decision([256, 1024], [_t(7.0, 0.03), _t(12, 0.03)], _t(5.5, 0.1))
+    d = claims.crossover_decision([256, 1024], [_t(7.0, 0.03), _t(12, 0.03)], _t(5.5, 0.1))
     assert d["kind"] == "above" and d["context"] is None
     assert d["label"] == "already above at the smallest context (256)"
 
 
 def test_crossing_is_reported_between_resolved_points_only():
-    d = pp.crossover_decision([100, 400], [_t(1.0, 0.05), _t(4.0, 0.05)], _t(2.0, 0.05))
+    d = claims.crossover_decision([100, 400], [_t(1.0, 0.05), _t(4.0, 0.05)], _t(2.0, 0.05))
     assert d["kind"] == "crossing" and d["context"] == pytest.approx(200)
     assert "between 100 and 400" in d["label"]
 
 
 def test_no_crossing_within_the_noise():
     # the smallest context overlaps the FFN's p10-p90: a crossing cannot be placed
-    d = pp.crossover_decision([256, 1024], [_t(5.9, 0.1), _t(10, 0.05)], _t(5.3, 0.15))
+    d = claims.crossover_decision([256, 1024], [_t(5.9, 0.1), _t(10, 0.05)], _t(5.3, 0.15))
     assert d["kind"] == "none" and d["label"].startswith("no crossing resolved within the noise")
     assert "above from 1,024" in d["label"]
     # never clearly above
-    d = pp.crossover_decision([256, 1024, 4096], [_t(5.0, 0.2)] * 3, _t(5.2, 0.2))
+    d = claims.crossover_decision([256, 1024, 4096], [_t(5.0, 0.2)] * 3, _t(5.2, 0.2))
     assert d == {"kind": "none", "context": None,
                  "label": "no crossing resolved within the noise"}
 
 
 def test_modelled_series_without_spread_cross_exactly():
-    d = pp.crossover_decision([256, 512, 1024], [_t(1.0), _t(2.0), _t(4.0)], _t(3.0))
+    d = claims.crossover_decision([256, 512, 1024], [_t(1.0), _t(2.0), _t(4.0)], _t(3.0))
     assert d["kind"] == "crossing" and 512 < d["context"] < 1024
-    assert pp.crossover([256, 512], [4.0, 5.0], 3.0) is None  # no clamp to the first context
+    assert claims.crossover([256, 512], [4.0, 5.0], 3.0) is None  # no clamp to the first context
 
 
 # ------------------------------------------------------------------ one job per piece of work
 
-@pytest.mark.parametrize("plan", [sweeps.PhasePlan(), sweeps.QUICK])
+@pytest.mark.parametrize("plan", [sweeps.PhasePlan(), sweeps.quick_plan()])
 def test_jobs_time_each_piece_of_work_once_and_share_it(plan):
     jobs = sweeps.jobs(plan)
     keys = [(j.variant, j.phase, j.batch, sweeps.effective_context(j.phase, j.context))
@@ -146,15 +147,15 @@ def test_schema_accepts_shared_points_and_names_a_bad_sweeps_list(result):
 
 
 def test_ridge_is_the_gemm_roof_over_the_points_memory_roof(result):
-    r = pp.ridge_of(result, "DRAM read")
+    r = phase_plots.ridge_of(result, "DRAM read")
     assert r["flops_per_byte"] == pytest.approx(2e11 / 2.5e10)
     assert r["compute"] == "GEMM float32" and r["memory"] == "DRAM read-only"
-    assert pp.ridge_of(result, "DRAM")["memory"] == "DRAM"
-    assert pp.ridge_of(result)["memory"] == "DRAM read-only"  # main memory's read roof
+    assert phase_plots.ridge_of(result, "DRAM")["memory"] == "DRAM"
+    assert phase_plots.ridge_of(result)["memory"] == "DRAM read-only"  # main memory's read roof
 
 
 def test_batch_titles_are_computed_from_the_plotted_data(result):
-    fig = pp.batch_figure([result])
+    fig = plots.batch_figure([result])
     titles = " ".join(ax.get_title() for ax in fig.axes)
     assert "costs almost no time" not in titles
     assert "measured step time x2.8 (gqa) from batch 1 to 16" in titles.replace("\n", " ")
@@ -166,44 +167,44 @@ def test_batch_titles_are_computed_from_the_plotted_data(result):
 
 
 def test_claim_helpers():
-    assert pp.ratio_claim("step time", {"a": [(1, 2.0), (8, 3.6)]}) == \
+    assert claims.ratio_claim("step time", {"a": [(1, 2.0), (8, 3.6)]}) == \
         "step time x1.8 (a) from batch 1 to 8"
-    assert pp.below_ridge_claim({"a": [(1, 1.0, 1.0), (4, 4.0, 1.5), (16, 16.0, 4.0)]},
+    assert claims.below_ridge_claim({"a": [(1, 1.0, 1.0), (4, 4.0, 1.5), (16, 16.0, 4.0)]},
                                 8.0) == "below the ridge: a: step time x1.5 for x4 tokens " \
                                         "(batch 1 to 4)"
-    assert pp.limit_runs([1, 2, 4, 8], ["w", "w", "kv", "kv"]) == "w at 1-2, kv at 4-8"
-    assert pp.gap_claim([0.8, 0.5, 1.0]).startswith("2 of 3 phase points within")
+    assert claims.limit_runs([1, 2, 4, 8], ["w", "w", "kv", "kv"]) == "w at 1-2, kv at 4-8"
+    assert claims.gap_claim([0.8, 0.5, 1.0]).startswith("2 of 3 phase points within")
     kv = [{"preset": "win", "context": c, "kv_bytes": min(c, 512)} for c in (256, 512, 1024)]
     kv += [{"preset": "full", "context": c, "kv_bytes": c} for c in (256, 512, 1024)]
-    assert pp.kv_claim(kv) == {"win": "flat from 512", "full": "x2.00 per doubling at 1,024"}
-    assert pp.fit_note({"weight_devices": 1, "device": "H100 SXM"}) == ""
-    assert pp.fit_note({"weight_devices": 17, "device": "H100 SXM",
+    assert claims.kv_claim(kv) == {"win": "flat from 512", "full": "x2.00 per doubling at 1,024"}
+    assert claims.fit_note({"weight_devices": 1, "device": "H100 SXM"}) == ""
+    assert claims.fit_note({"weight_devices": 17, "device": "H100 SXM",
                         "weights_dtype": "bfloat16"}) == \
         "bf16 weights do not fit one H100 SXM: 17 devices' worth"
 
 
 def test_outside_points_carry_their_reason_and_suspects_are_drawn(result):
-    notes = pp.Notes()
-    fig = pp.throughput_figure([result])
+    notes = phase_plots.Notes()
+    fig = plots.throughput_figure([result])
     labels = fig.axes[0].get_legend_handles_labels()[1]
-    assert pp.OUTSIDE_LABEL in labels
+    assert phase_plots.OUTSIDE_LABEL in labels
     assert "KV cache spills the L3 at batch 16" in fig.get_supxlabel()
-    gap = pp.gap_figure([result])
+    gap = plots.gap_figure([result])
     assert "unexplained" in gap.get_supxlabel()  # decode_attention at 0.3 has no reason
-    assert pp.SUSPECT_LABEL in gap.axes[0].get_legend_handles_labels()[1]
-    roof = pp.phases_roofline_figure([result])
-    assert pp.SUSPECT_LABEL in roof.axes[0].get_legend_handles_labels()[1]
+    assert phase_plots.SUSPECT_LABEL in gap.axes[0].get_legend_handles_labels()[1]
+    roof = plots.phases_roofline_figure([result])
+    assert phase_plots.SUSPECT_LABEL in roof.axes[0].get_legend_handles_labels()[1]
     assert any(t.get_text().startswith("DRAM read-only 25 GB/s") for t in roof.axes[0].texts)
     assert notes.key({"variant": "v", "phase": "decode", "batch": 1, "context": 1,
                       "measured_over_predicted": 1.1}) is None
 
 
 def test_modelled_panels_say_what_bounds_each_point_and_what_does_not_fit(result):
-    fig = pp.throughput_figure([result])
+    fig = plots.throughput_figure([result])
     labels = fig.axes[1].get_legend_handles_labels()[1]
     assert any(lbl.startswith("memory-bound: KV-cache reads dominate") for lbl in labels)
     assert any("do not fit one TPU v5e" in lbl for lbl in labels)
-    kv_labels = pp.kv_figure([result]).axes[0].get_legend_handles_labels()[1]
+    kv_labels = plots.kv_figure([result]).axes[0].get_legend_handles_labels()[1]
     deepseek = next(lbl for lbl in kv_labels if lbl.startswith("deepseek-v3"))
     assert "shipped in fp8" in deepseek and "do not fit one H100 SXM" in deepseek
 
@@ -216,7 +217,16 @@ def test_old_files_without_the_new_fields_still_draw(result):
     for row in old["modelled"]["throughput"] + old["modelled"]["kv"]:
         for key in ("memory_by", "weight_devices", "shipped_dtype"):
             row.pop(key, None)
-    for name in ("phases_roofline", "batch", "throughput", "crossover", "kv_cache", "gap"):
-        fig = plot.FIGURES[name]([validate_result(old)])
+    for roof in old["peaks"]["roofs"]["memory"]:  # levels named by `level` alone
+        for key in ("memory", "access", "main"):
+            roof.pop(key)
+    upgraded = validate_result(old)  # derives the structured fields again
+    fields = lambda res: [(r["memory"], r["access"], r["main"])
+                          for r in res["peaks"]["roofs"]["memory"]]
+    assert fields(upgraded) == fields(result) == [("L3", "read+write", False),
+                                                  ("DRAM", "read+write", True),
+                                                  ("DRAM", "read", True)]
+    for name in plots.PHASE_FIGURES:
+        fig = plots.FIGURES[name]([upgraded])
         assert fig.axes, name
 

@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 PHASE_CHOICES = ("prefill", "decode_attention", "decode_ffn", "decode")
-ATTENTION_CHOICES = ("mha", "gqa", "mqa", "mla")
 
 
 def add_args(p) -> None:
@@ -16,8 +15,8 @@ def add_args(p) -> None:
     p.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
     p.add_argument("--context", type=int, default=128,
                    help="cached tokens (decode) or prompt length (prefill); default 128")
-    p.add_argument("--attention", help=f"override the preset's attention: "
-                   f"{', '.join(ATTENTION_CHOICES)}")
+    p.add_argument("--attention", help="override the preset's attention kind (any registered "
+                   "kind: refmodel.attention.registered())")
     p.add_argument("--mla-absorb", action="store_true", help="MLA with weight absorption")
     p.add_argument("--calls", type=int, default=5, help="traced calls (default 5)")
     p.add_argument("--budget", type=float, default=1.0,
@@ -41,9 +40,9 @@ def check_args(args) -> None:
             raise ValueError(f"{option} {value}: must be an integer >= {low}")
     if not args.budget > 0:
         raise ValueError(f"--budget {args.budget}: must be a positive number of seconds")
-    if args.attention is not None and args.attention not in ATTENTION_CHOICES:
-        raise ValueError(f"--attention {args.attention!r}: choose one of "
-                         f"{list(ATTENTION_CHOICES)}")
+    kinds = refmodel.attention.registered()
+    if args.attention is not None and args.attention not in kinds:
+        raise ValueError(f"--attention {args.attention!r}: choose one of {list(kinds)}")
     cfg = config(args)
     need = refmodel.costs.param_counts(cfg)["total"] * (2 if "16" in cfg.dtype else 4)
     have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -69,7 +68,7 @@ def config(args):
 
 def run(args) -> int:
     from microbench.breakdown import format_table, measure_breakdown
-    from microbench.phases import Budget
+    from microbench.points import Budget
 
     t0 = time.perf_counter()
     check_args(args)
@@ -79,7 +78,7 @@ def run(args) -> int:
     print(format_table(result))
     wrote = [f"{args.out}/breakdown.json"]
     if not args.no_plot:
-        from microbench.plot_breakdown import save_breakdown_figure
+        from microbench.plots.breakdown import save_breakdown_figure
 
         wrote.append(str(save_breakdown_figure(result, Path(args.out) / "breakdown.png")))
     print(f"wrote {', '.join(wrote)} in {time.perf_counter() - t0:.0f} s")

@@ -9,8 +9,8 @@ def add_args(p) -> None:
 
 
 def run(args) -> int:
-    from microbench import suite
+    from microbench import summary  # no JAX: figures/ redraws wherever matplotlib runs
 
-    for f in suite.draw(args.out, args.data):
+    for f in summary.draw(args.out, args.data):
         print(f"wrote {f}")
     return 0

@@ -13,7 +13,7 @@ def add_args(p) -> None:
 
 def run(args) -> int:
     from microbench import hardware
-    from microbench.plot import fmt_si
+    from microbench.plots import fmt_si
 
     for path in args.device_file:
         hardware.add_device(hardware.load_device(path))

@@ -19,7 +19,7 @@ def add_args(p) -> None:
 def print_summary(result: dict, per_round: bool = False) -> None:
     """The roofs (each with the program that reached it), their stability and ratio to the
     best peer, what XLA reaches, the hierarchy check, drift and every flagged value."""
-    from microbench.plot import fmt_si
+    from microbench.plots import fmt_si
 
     print(f"machine: {result['machine']}  ({result['wall_s']:.0f} s)")
     for r in result["roofs"]["compute"] + result["roofs"]["memory"]:

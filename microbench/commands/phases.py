@@ -25,7 +25,7 @@ def add_args(p) -> None:
     p.add_argument("--peaks", help="a saved peaks.json to predict with (default: OUT/peaks.json "
                    "if present, else the roofs are measured first, quick, in this run)")
     p.add_argument("--model", help="preset of the sweeps (default: bench)")
-    p.add_argument("--variants", help="comma-separated variants (see microbench.sweeps.VARIANTS)")
+    p.add_argument("--variants", help="comma-separated variants (see microbench.sweeps.variants())")
     p.add_argument("--batches", type=_ints, help="batch sweep, e.g. 1,2,4,8")
     p.add_argument("--contexts", type=_ints, help="context sweep, e.g. 256,1024,4096")
     p.add_argument("--prefill-len", type=int, help="prompt length of the prefill points")
@@ -57,7 +57,7 @@ def plan_from_args(args, parser_error):
     import refmodel
     from microbench import sweeps
 
-    plan = sweeps.QUICK if args.quick else sweeps.PhasePlan()
+    plan = sweeps.quick_plan() if args.quick else sweeps.PhasePlan()
     changes = {}
     if args.model:
         names = sorted(refmodel.presets.PRESETS)
@@ -73,11 +73,11 @@ def plan_from_args(args, parser_error):
         changes["model"] = args.model
     if args.variants:
         variants = tuple(v.strip() for v in args.variants.split(","))
-        bad = [v for v in variants if v not in sweeps.VARIANTS]
+        bad = [v for v in variants if v not in sweeps.variants()]
         if bad:
-            parser_error(f"--variants {bad}: choose from {list(sweeps.VARIANTS)}")
+            parser_error(f"--variants {bad}: choose from {list(sweeps.variants())}")
         changes["variants"] = variants
-        changes["context_variants"] = tuple(v for v in variants if v != "gqa moe")
+        changes["context_variants"] = tuple(v for v in variants if v != sweeps.MOE)
     for field in ("batches", "contexts", "prefill_len"):
         value = getattr(args, field)
         if value is not None:
@@ -90,8 +90,8 @@ def plan_from_args(args, parser_error):
 def run(args) -> int:
     import argparse
 
-    from microbench import harness, suite
-    from microbench.report import format_report, measure_report
+    from microbench import harness, suite, summary
+    from microbench.report import measure_report
 
     def parser_error(message):
         raise SystemExit(argparse.ArgumentParser(prog="python -m microbench phases").error(message))
@@ -103,11 +103,11 @@ def run(args) -> int:
         rep = measure_report(peaks, peer=not args.no_peer)
         rep["environment"] = harness.environment()
         harness.write_json_atomic(Path(args.out) / "report.json", rep)
-        print(format_report(rep))
+        print(summary.format_report(rep))
         print(f"wrote {args.out}/report.json in {time.perf_counter() - t0:.0f} s")
         return 0
     result = suite.measure_phases(plan, peaks, args.quick, args.out,
                                   progress=not args.no_progress)
-    print(suite.summary_markdown(peaks, result))
+    print(summary.summary_markdown(peaks, result))
     print(f"wrote {args.out}/phases.json in {time.perf_counter() - t0:.0f} s")
     return 0

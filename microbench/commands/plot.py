@@ -7,14 +7,14 @@ def add_args(p) -> None:
     p.add_argument("results", nargs="+",
                    help="peaks.json and/or phases.json files (several machines at once)")
     p.add_argument("--out", default="figures", help="output folder")
-    from microbench.plot import FIGURES
+    from microbench.plots import FIGURES
 
     p.add_argument("--figure", default="roofline", choices=sorted(FIGURES),
-                   help="which figure (roofline: peaks files; the others: phases files)")
+                   help="which figure (roofline, hierarchy: peaks files; the others: phases files)")
 
 
 def run(args) -> int:
-    from microbench import plot
+    from microbench import plots
 
-    print(f"wrote {plot.plot_files(args.results, args.out, args.figure)}")
+    print(f"wrote {plots.plot_files(args.results, args.out, args.figure)}")
     return 0

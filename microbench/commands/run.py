@@ -13,12 +13,12 @@ def add_args(p) -> None:
 
 
 def run(args) -> int:
-    from microbench import suite
+    from microbench import suite, summary
 
     t0 = time.perf_counter()
     out = suite.run(args.quick, args.out, peer=not args.no_peer,
                     progress=not args.no_progress)
-    print(suite.summary_markdown(out["peaks"], out["phases"]))
+    print(summary.summary_markdown(out["peaks"], out["phases"]))
     for f in out["files"]:
         print(f"wrote {f}")
     print(f"done in {time.perf_counter() - t0:.0f} s")

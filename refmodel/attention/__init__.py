@@ -6,7 +6,10 @@ Every variant lives in its own file in this package and shares one interface, do
 `cls.init_cache(cfg, kind, batch, max_len)`, and the cost formulas of what it computes.
 
 Variants register themselves with `@register("name")`; every module of this package is imported
-below, so a new file is all it takes to add one.
+below, so a new file is all it takes to add one. Everything that depends on which kinds exist
+(config validation, legends, the option sets the golden test, the compiler cross-check and the
+sweeps cover, the compiler's known differences) goes through the functions below, so no code
+outside a variant's own file names its kind.
 """
 
 from __future__ import annotations
@@ -43,6 +46,58 @@ def get(kind: str) -> type:
         raise ValueError(
             f"attention={kind!r} is not a registered kind; choose one of {sorted(_REGISTRY)}"
         ) from None
+
+
+def option_sets(kinds: tuple[str, ...] | None = None) -> dict[str, dict]:
+    """{label: config changes} of every option set of `kinds` (default: every registered kind),
+    e.g. {"gqa": {"attention": "gqa"}, ..., "mla absorbed": {"attention": "mla",
+    "mla_absorb": True}}."""
+    out = {}
+    for kind in registered() if kinds is None else kinds:
+        for label, changes in get(kind).option_sets(kind).items():
+            out[label] = {"attention": kind, **changes}
+    return out
+
+
+def measured_in(sweep: str) -> tuple[str, ...]:
+    """Labels of the option sets a variant lists for `sweep` in its `MEASURE`."""
+    sets = option_sets()
+    return tuple(label for label, changes in sets.items()
+                 if sweep in get(changes["attention"]).MEASURE.get(label, ()))
+
+
+def kinds_in(cfg) -> tuple[str, ...]:
+    """The distinct mixer kinds a config runs, in layer order ("none" left out)."""
+    return tuple(k for k in dict.fromkeys(cfg.layer_kinds) if k != "none")
+
+
+def validate(cfg) -> None:
+    """Each variant in use checks the config fields it reads."""
+    for kind in kinds_in(cfg):
+        get(kind).validate(cfg, kind)
+
+
+def label(cfg) -> str:
+    """Short legend name of a config's mixers: each kind's option-set label, "+"-joined."""
+    return "+".join(get(k).label(cfg, k) if k != "none" else k
+                    for k in dict.fromkeys(cfg.layer_kinds))
+
+
+def implementation_only() -> tuple[str, ...]:
+    """Ops some variant's implementation executes that an engine for it would not."""
+    return tuple(dict.fromkeys(op for cls in _REGISTRY.values() for op in cls.IMPLEMENTATION_ONLY))
+
+
+def compiler_differences(cfg, phase: str, batch: int, context: int,
+                         native_solve: bool = False) -> dict[str, float]:
+    """{reason: FLOPs} the compiler counts beyond the formulas, summed over the layers."""
+    out: dict[str, float] = {}
+    for kind in kinds_in(cfg):
+        layers = cfg.layer_kinds.count(kind)
+        for reason, flops in get(kind).compiler_differences(
+                cfg, kind, phase, batch, context, native_solve).items():
+            out[reason] = out.get(reason, 0.0) + layers * flops
+    return out
 
 
 for _m in pkgutil.iter_modules(__path__):

@@ -22,6 +22,18 @@ Each variant also owns the cost formulas of what it computes (used by `refmodel.
 - `costs(cfg, kind, batch, new, context, dt) -> {op: Cost}` of one layer processing `new`
   tokens per sequence on top of `context` cached ones (prefill: context=0, new=T; decode:
   new=1, context=S). Op names are those of the `jax.named_scope`s in the code.
+
+and everything else that is particular to it, so nothing outside its file names its kind:
+
+- `validate(cfg, kind)` checks the config fields it reads (raising `ValueError` that names the
+  field, the value and what is allowed); `ModelConfig` calls it for every kind in use;
+- `option_sets(kind) -> {label: config changes}`: the named option sets whose code paths
+  differ (MLA: naive / absorbed; linear: gated_delta / mamba2), which the golden test, the
+  compiler cross-check and the sweeps all cover; `MEASURE` says which of them the quick and
+  context sweeps of `microbench` measure;
+- `label(cfg, kind)`: the short name of a config's option set, for legends;
+- `compiler_differences(cfg, kind, phase, batch, context, native_solve)`: FLOPs XLA's cost
+  analysis counts that the formulas leave out by design, by reason (default: none).
 """
 
 from __future__ import annotations
@@ -32,13 +44,39 @@ import jax
 from flax import nnx
 
 from refmodel.config import ModelConfig
-from refmodel.costing import Cost, Dtypes
+from refmodel.counting import Cost, Dtypes
 
 
 class AttentionLayer(nnx.Module):
     """Base class documenting the interface; see the module docstring."""
 
     capacity_bound: ClassVar[bool] = True
+    # {option-set label: sweeps of `microbench.sweeps` that measure it besides the full
+    # roofline sweep: "context" (full run), "quick" and "quick context" (`--quick`)}
+    MEASURE: ClassVar[dict[str, tuple[str, ...]]] = {}
+    # Ops of `costs` that only this implementation executes, which an engine built for the
+    # variant would not (`refmodel.costs.phase_costs(..., count="engine")` leaves them out).
+    IMPLEMENTATION_ONLY: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def validate(cls, cfg: ModelConfig, kind: str) -> None:
+        """Raise ValueError for a config field this variant cannot run with."""
+
+    @classmethod
+    def option_sets(cls, kind: str) -> dict[str, dict]:
+        """{label: config changes} of the option sets with their own code paths."""
+        return {kind: {"attention": kind}}
+
+    @classmethod
+    def label(cls, cfg: ModelConfig, kind: str) -> str:
+        """The label of the option set `cfg` runs (a key of `option_sets(kind)`)."""
+        return kind
+
+    @classmethod
+    def compiler_differences(cls, cfg: ModelConfig, kind: str, phase: str, batch: int,
+                             context: int, native_solve: bool = False) -> dict[str, float]:
+        """{reason: FLOPs} one layer's compiled code counts beyond `costs` (negative: fewer)."""
+        return {}
 
     def __call__(self, x: jax.Array, start: jax.Array, cache):
         raise NotImplementedError

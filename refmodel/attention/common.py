@@ -13,7 +13,15 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from refmodel.layers import SOFTMAX_FLOPS, soft_cap
+
 NEG_INF = -1e30  # finite, so a fully masked row would give a uniform softmax, not NaN
+# FLOPs per attention score of `attend`: scale, mask select, then the row softmax.
+ATTN_SOFTMAX_FLOPS = 2 + SOFTMAX_FLOPS
+# A learned sink logit joins each softmax row as one more entry: max, subtract, sum = 3 per row.
+SINK_FLOPS = 3
+# `rope`: 2 multiplies and 1 add per rotated channel.
+ROPE_FLOPS = 3
 
 
 def rope(x: jax.Array, positions: jax.Array, rotary_dim: int, theta: float) -> jax.Array:
@@ -81,7 +89,7 @@ def attend_rows(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale
         qr = q.transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, H)  # [B, K, Q, H]
         s = jnp.einsum("BKQH,BKSH->BKQS", qr, k).reshape(B, K, G, T, S) * scale
         if softcap is not None:
-            s = softcap * jnp.tanh(s / softcap)
+            s = soft_cap(s, softcap)
         m = mask[:, None, None] if mask.ndim == 3 else mask
         s = jnp.where(m, s, NEG_INF)  # [B, K, G, T, S]
     with jax.named_scope("attn_softmax"):
@@ -111,7 +119,7 @@ def attend_one(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale:
     with jax.named_scope("attn_scores"):
         s = jnp.einsum("BKSH,BKGH->BKSG", k, q[:, 0]) * scale  # [B, K, S, G]
         if softcap is not None:
-            s = softcap * jnp.tanh(s / softcap)
+            s = soft_cap(s, softcap)
         m = mask[..., 0, :]  # [S] or [B, S]: the one query's row
         m = m[None, None, :, None] if m.ndim == 1 else m[:, None, :, None]
         s = jnp.where(m, s, NEG_INF)

@@ -18,25 +18,22 @@ from flax import nnx, struct
 
 from refmodel.attention import register
 from refmodel.attention.base import AttentionLayer
-from refmodel.attention.common import attend, causal_mask, rope
+from refmodel.attention.common import (
+    ATTN_SOFTMAX_FLOPS,
+    ROPE_FLOPS,
+    SINK_FLOPS,
+    attend,
+    causal_mask,
+    rope,
+)
 from refmodel.config import ModelConfig
-from refmodel.costing import Cost, Dtypes, matmul
-from refmodel.layers import param, zeros
+from refmodel.counting import Cost, Dtypes, matmul
+from refmodel.layers import NORM_FLOPS, SIGMOID_FLOPS, SOFTCAP_FLOPS, param, zeros
 
-# Elementwise FLOPs per attention score: scale, mask select, max, subtract, sum, divide. The
-# exp is a transcendental, which XLA's cost analysis (and MFU accounting) keeps out of FLOPs.
-SOFTMAX_FLOPS = 6
-# Soft-capping c * tanh(s / c): a divide and a multiply per score (tanh: a transcendental).
-SOFTCAP_FLOPS = 2
-# A learned sink logit joins each softmax row as one more entry: max, subtract, sum = 3 per row.
-SINK_FLOPS = 3
-# RoPE: 2 multiplies and 1 add per rotated channel.
-ROPE_FLOPS = 3
-# Per-head RMSNorm on q and k (Qwen3, Gemma 3): square, sum, scale, weight = 4 per element.
-QK_NORM_FLOPS = 4
-# Output gate o * sigmoid(g): sigmoid = negate, add, divide (exp: a transcendental), then the
-# product = 4 per element.
-GATE_FLOPS = 4
+# Per-head RMSNorm on q and k (Qwen3, Gemma 3), per element.
+QK_NORM_FLOPS = NORM_FLOPS["rmsnorm"]
+# Output gate o * sigmoid(g): the sigmoid, then the product, per element.
+GATE_FLOPS = SIGMOID_FLOPS + 1
 
 
 def kv_heads(cfg: ModelConfig, kind: str) -> int:
@@ -53,6 +50,8 @@ class KVCache:
 @register("mha", "gqa", "mqa")
 class GroupedQueryAttention(AttentionLayer):
     """Softmax attention with K key/value heads shared by groups of G query heads."""
+
+    MEASURE = {"mha": ("context",), "gqa": ("context", "quick", "quick context")}
 
     def __init__(self, cfg: ModelConfig, *, kind: str, rngs: nnx.Rngs):
         D, N, H, K = cfg.d_model, cfg.n_heads, cfg.head_size, kv_heads(cfg, kind)
@@ -157,7 +156,7 @@ class GroupedQueryAttention(AttentionLayer):
     @classmethod
     def cache_bytes(cls, cfg: ModelConfig, kind: str, batch: int, context: int,
                     dt: Dtypes) -> float:
-        return 2.0 * batch * context * kv_heads(cfg, kind) * cfg.head_size * dt.c
+        return 2.0 * batch * context * kv_heads(cfg, kind) * cfg.head_size * dt.kv_size
 
     @classmethod
     def costs(cls, cfg: ModelConfig, kind: str, batch: int, new: int, context: int,
@@ -172,25 +171,25 @@ def gqa_costs(cfg: ModelConfig, K: int, batch: int, new: int, keys: int,
     M = batch * new  # query tokens
     qkv = matmul(M, D, (N + 2 * K) * H, dt)
     if cfg.attn_bias:
-        qkv = qkv + Cost(flops=M * (N + 2 * K) * H, weight_bytes=(N + 2 * K) * H * dt.w)
+        qkv = qkv + Cost(flops=M * (N + 2 * K) * H, weight_bytes=(N + 2 * K) * H * dt.weight_size)
     rope_cost = Cost(flops=ROPE_FLOPS * M * (N + K) * cfg.rotary_dim) if cfg.position == "rope" \
         else Cost()
-    qk_norm = Cost(flops=QK_NORM_FLOPS * M * (N + K) * H, weight_bytes=2 * H * dt.w) \
+    qk_norm = Cost(flops=QK_NORM_FLOPS * M * (N + K) * H, weight_bytes=2 * H * dt.weight_size) \
         if cfg.qk_norm else Cost()
-    scores = Cost(flops=2.0 * M * N * keys * H, kv_bytes=batch * keys * K * H * dt.c)
+    scores = Cost(flops=2.0 * M * N * keys * H, kv_bytes=batch * keys * K * H * dt.kv_size)
     if cfg.attn_softcap is not None:
         scores = scores + Cost(flops=SOFTCAP_FLOPS * M * N * keys)
-    softmax = Cost(flops=SOFTMAX_FLOPS * M * N * keys + (SINK_FLOPS * M * N if cfg.attn_sinks
+    softmax = Cost(flops=ATTN_SOFTMAX_FLOPS * M * N * keys + (SINK_FLOPS * M * N if cfg.attn_sinks
                                                          else 0))
     if cfg.attn_sinks:
-        softmax = softmax + Cost(weight_bytes=N * dt.w)
-    values = Cost(flops=2.0 * M * N * keys * H, kv_bytes=batch * keys * K * H * dt.c)
-    write = Cost(kv_bytes=2.0 * M * K * H * dt.c)
+        softmax = softmax + Cost(weight_bytes=N * dt.weight_size)
+    values = Cost(flops=2.0 * M * N * keys * H, kv_bytes=batch * keys * K * H * dt.kv_size)
+    write = Cost(kv_bytes=2.0 * M * K * H * dt.kv_size)
     out = matmul(M, N * H, D, dt)
     if cfg.attn_out_gate:
         out = out + matmul(M, D, N * H, dt) + Cost(flops=GATE_FLOPS * M * N * H)
     if cfg.attn_bias:
-        out = out + Cost(flops=M * D, weight_bytes=D * dt.w)
+        out = out + Cost(flops=M * D, weight_bytes=D * dt.weight_size)
     return {"qkv_proj": qkv, "qk_norm": qk_norm, "rope": rope_cost, "kv_write": write,
             "attn_scores": scores, "attn_softmax": softmax, "attn_values": values,
             "out_proj": out}

@@ -33,18 +33,15 @@ from flax import nnx, struct
 
 from refmodel.attention import register
 from refmodel.attention.base import AttentionLayer
-from refmodel.attention.linear_scan import chunked, recurrent
-from refmodel.config import ModelConfig
-from refmodel.costing import Cost, Dtypes, matmul
-from refmodel.layers import param, zeros
+from refmodel.attention.linear_scan import RULES, chunked, recurrent
+from refmodel.config import ModelConfig, one_of, positive
+from refmodel.counting import Cost, Dtypes, matmul
+from refmodel.layers import SIGMOID_FLOPS, SILU_FLOPS, SOFTPLUS_FLOPS, param, zeros
 
 STATE_BYTES = 4  # the recurrent state is kept in float32 whatever cfg.dtype
 L2_EPS = 1e-6  # q and k L2 normalisation (Gated DeltaNet), as fla / Hugging Face
 # Elementwise FLOPs per element, as XLA counts them: one per arithmetic op, compare or select;
 # exp, log1p and rsqrt are transcendentals, not FLOPs (constants of the cost formulas below):
-SILU_FLOPS = 4  # x / (1 + exp(-x)) as x * sigmoid: negate, add, divide, multiply
-SIGMOID_FLOPS = 3  # negate, add, divide
-SOFTPLUS_FLOPS = 6  # jax.nn.softplus is logaddexp(x, 0): compare, max, abs, negate, add, select
 # Per value head and token: dt_bias add 1 + softplus + g = A dt 1 (Gated DeltaNet: + sigmoid)
 FEATURE_FLOPS = {"mamba2": SOFTPLUS_FLOPS + 2, "gated_delta": SOFTPLUS_FLOPS + 2 + SIGMOID_FLOPS}
 # Per channel of q and k: square 1, sum 1 (H-1 adds and the eps add per row), scale 1; q has
@@ -98,6 +95,43 @@ class LinearAttention(AttentionLayer):
     """Gated linear attention with a fixed-size state: Mamba-2 or Gated DeltaNet."""
 
     capacity_bound = False
+    MEASURE = {"linear": ("context", "quick")}
+
+    @classmethod
+    def validate(cls, cfg: ModelConfig, kind: str) -> None:
+        one_of("linear_rule", cfg.linear_rule, RULES)
+        for f in ("linear_k_heads", "linear_v_heads", "linear_key_dim", "linear_value_dim",
+                  "linear_conv", "linear_chunk"):
+            positive(f, getattr(cfg, f))
+        if cfg.linear_v_heads % cfg.linear_k_heads:
+            raise ValueError(f"linear_v_heads={cfg.linear_v_heads} is not divisible by "
+                             f"linear_k_heads={cfg.linear_k_heads}")
+
+    @classmethod
+    def option_sets(cls, kind: str) -> dict[str, dict]:
+        # The bare kind runs the config's default rule; every other rule has its own paths.
+        return {kind: {}, **{f"{kind} {rule}": {"linear_rule": rule}
+                             for rule in RULES if rule != ModelConfig.linear_rule}}
+
+    @classmethod
+    def label(cls, cfg: ModelConfig, kind: str) -> str:
+        return kind if cfg.linear_rule == ModelConfig.linear_rule else f"{kind} {cfg.linear_rule}"
+
+    @classmethod
+    def compiler_differences(cls, cfg: ModelConfig, kind: str, phase: str, batch: int,
+                             context: int, native_solve: bool = False) -> dict[str, float]:
+        """The delta rule's chunked prefill solves a unit lower triangular system per chunk
+        and value head (`solve_flops`: C (C-1) (P + H) FLOPs as forward substitution).
+        XLA:CPU runs it as a LAPACK call (a custom call) its cost analysis counts as 0 FLOPs:
+        minus ours, by name. A native `triangular-solve` instruction XLA prices at
+        2 C elements(rhs) = 2 C^2 (P + H): twice ours plus 2 C (P + H), the difference added
+        under the same name."""
+        solves = solve_flops(cfg, batch, context) if phase == "prefill" else 0.0
+        if not solves:
+            return {}
+        C = cfg.linear_chunk
+        # native: XLA's 2 C^2 (P + H) per solve against our C (C - 1) (P + H); else 0 FLOPs
+        return {LIBRARY_SOLVES: solves * ((C + 1) / (C - 1) if native_solve else -1.0)}
 
     def __init__(self, cfg: ModelConfig, *, kind: str, rngs: nnx.Rngs):
         D, (N, K, H, P, Q, X) = cfg.d_model, sizes(cfg)
@@ -231,7 +265,7 @@ class LinearAttention(AttentionLayer):
                     dt: Dtypes) -> float:
         """Independent of context: a float32 state and Q-1 conv inputs in the cache dtype."""
         N, _, H, P, Q, X = sizes(cfg)
-        return batch * (N * H * P * STATE_BYTES + (Q - 1) * X * dt.c)
+        return batch * (N * H * P * STATE_BYTES + (Q - 1) * X * dt.kv_size)
 
     @classmethod
     def costs(cls, cfg: ModelConfig, kind: str, batch: int, new: int, context: int,
@@ -246,15 +280,15 @@ class LinearAttention(AttentionLayer):
         proj = matmul(M, D, width, dt)
         bias = rule == "mamba2"
         conv = Cost(flops=M * X * (2 * Q + bias + SILU_FLOPS),  # Q multiply-adds, bias, silu
-                    weight_bytes=X * (Q + bias) * dt.w,
-                    kv_bytes=2 * batch * (Q - 1) * X * dt.c,  # read and write the window
-                    act_bytes=2 * M * X * dt.a)
+                    weight_bytes=X * (Q + bias) * dt.weight_size,
+                    kv_bytes=2 * batch * (Q - 1) * X * dt.kv_size,  # read and write the window
+                    act_bytes=2 * M * X * dt.act_size)
         conv = conv + Cost(flops=M * N * FEATURE_FLOPS[rule] + N + (  # + N: A = -exp(A_log)
             M * K * H * (2 * L2_FLOPS + 1) if rule == "gated_delta" else 0))
         rows = N if rule == "gated_delta" else K  # RMS rows per token
         out = matmul(M, N * P, D, dt) + Cost(
             flops=M * (GATE_NORM_FLOPS * N * P + GATE_NORM_ROW_FLOPS * rows),
-            weight_bytes=cls.param_counts(cfg, kind)["norm"] * dt.w)
+            weight_bytes=cls.param_counts(cfg, kind)["norm"] * dt.weight_size)
         ops = {"qkv_proj": proj, "conv": conv}
         if new == 1:
             ops["state_update"] = state_update_cost(cfg, batch, dt)
@@ -273,14 +307,17 @@ def state_update_cost(cfg: ModelConfig, batch: int, dt: Dtypes) -> Cost:
     per_head = 5 * H * P + P + (2 * H * P + 2 * P if cfg.linear_rule == "gated_delta" else 2 * P)
     return Cost(flops=batch * N * per_head,
                 kv_bytes=2 * batch * N * H * P * STATE_BYTES,
-                act_bytes=batch * (2 * K * H + 2 * N * P + 2 * N) * dt.a)
+                act_bytes=batch * (2 * K * H + 2 * N * P + 2 * N) * dt.act_size)
+
+
+LIBRARY_SOLVES = "triangular solves as XLA prices them"
 
 
 def solve_flops(cfg: ModelConfig, batch: int, new: int) -> float:
     """The delta rule's triangular solve in `chunked` (zero for Mamba-2): per value head and
     chunk, forward substitution through C rows for P + H right-hand sides, C (C-1) / 2
     multiply-adds each. (It runs as a library call, LAPACK's trsm on CPU, whose FLOPs XLA's
-    cost analysis does not see: `refmodel.check` names the difference.)"""
+    cost analysis does not see: `refmodel.compiler_check` names the difference.)"""
     if cfg.linear_rule != "gated_delta":
         return 0.0
     N, _, H, P, _, _ = sizes(cfg)
@@ -302,7 +339,7 @@ def chunk_scan_cost(cfg: ModelConfig, batch: int, new: int, dt: Dtypes) -> Cost:
                     C + C H, the triangular solve (`solve_flops`), u = U - W S 2 C H P + C P
 
     The state is read and written once per call (it stays on chip between chunks).
-    XLA's cost analysis counts a `lax.scan` body once, not M times (`refmodel.check` sizes
+    XLA's cost analysis counts a `lax.scan` body once, not M times (`refmodel.compiler_check` sizes
     its prefill to one chunk)."""
     N, K, H, P, _, _ = sizes(cfg)
     C = cfg.linear_chunk
@@ -317,4 +354,4 @@ def chunk_scan_cost(cfg: ModelConfig, batch: int, new: int, dt: Dtypes) -> Cost:
         per_value += 2 * C * P  # skip D x
     return Cost(flops=batch * M * (K * per_key + N * per_value) + solve_flops(cfg, batch, new),
                 kv_bytes=2 * batch * N * H * P * STATE_BYTES,
-                act_bytes=batch * new * (2 * K * H + 2 * N * P + 2 * N) * dt.a)
+                act_bytes=batch * new * (2 * K * H + 2 * N * P + 2 * N) * dt.act_size)

@@ -49,10 +49,16 @@ from flax import nnx, struct
 
 from refmodel.attention import register
 from refmodel.attention.base import AttentionLayer
-from refmodel.attention.common import NEG_INF, attend, causal_mask, rope
-from refmodel.attention.gqa import ROPE_FLOPS, SOFTMAX_FLOPS
-from refmodel.config import ModelConfig
-from refmodel.costing import Cost, Dtypes, matmul
+from refmodel.attention.common import (
+    ATTN_SOFTMAX_FLOPS,
+    NEG_INF,
+    ROPE_FLOPS,
+    attend,
+    causal_mask,
+    rope,
+)
+from refmodel.config import ModelConfig, positive
+from refmodel.counting import Cost, Dtypes, matmul
 from refmodel.layers import NORM_FLOPS as _NORM_FLOPS
 from refmodel.layers import param
 
@@ -68,6 +74,30 @@ class MLACache:
 @register("mla")
 class MultiHeadLatentAttention(AttentionLayer):
     """DeepSeek's MLA: a low-rank latent KV cache plus a decoupled shared RoPE key."""
+
+    MEASURE = {"mla absorbed": ("context", "quick")}
+    # Options of the softmax variants this implementation does not have.
+    UNSUPPORTED = ("attn_bias", "qk_norm", "attn_out_gate", "attn_sinks", "attn_softcap",
+                   "query_scale")
+
+    @classmethod
+    def validate(cls, cfg: ModelConfig, kind: str) -> None:
+        for f in ("kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "v_head_dim"):
+            positive(f, getattr(cfg, f))
+        if cfg.qk_rope_dim % 2:
+            raise ValueError(f"qk_rope_dim={cfg.qk_rope_dim} must be even (RoPE pairs)")
+        for f in cls.UNSUPPORTED:
+            if getattr(cfg, f) not in (False, None):
+                raise ValueError(f"{f}={getattr(cfg, f)!r} is not implemented for "
+                                 f"attention={kind!r}; leave it unset (False / None)")
+
+    @classmethod
+    def option_sets(cls, kind: str) -> dict[str, dict]:
+        return {f"{kind} naive": {"mla_absorb": False}, f"{kind} absorbed": {"mla_absorb": True}}
+
+    @classmethod
+    def label(cls, cfg: ModelConfig, kind: str) -> str:
+        return f"{kind} absorbed" if cfg.mla_absorb else f"{kind} naive"
 
     def __init__(self, cfg: ModelConfig, *, kind: str, rngs: nnx.Rngs):
         D, N, C, R = cfg.d_model, cfg.n_heads, cfg.q_lora_rank, cfg.kv_lora_rank
@@ -180,7 +210,7 @@ class MultiHeadLatentAttention(AttentionLayer):
     @classmethod
     def cache_bytes(cls, cfg: ModelConfig, kind: str, batch: int, context: int,
                     dt: Dtypes) -> float:
-        return 1.0 * batch * context * (cfg.kv_lora_rank + cfg.qk_rope_dim) * dt.c
+        return 1.0 * batch * context * (cfg.kv_lora_rank + cfg.qk_rope_dim) * dt.kv_size
 
     @classmethod
     def costs(cls, cfg: ModelConfig, kind: str, batch: int, new: int, context: int,
@@ -192,16 +222,16 @@ class MultiHeadLatentAttention(AttentionLayer):
         M, keys = batch * new, context + new  # query tokens, key positions per sequence
         if C > 0:
             qkv = matmul(M, D, C, dt) + matmul(M, C, N * (P + Q), dt)
-            qkv = qkv + Cost(flops=NORM_FLOPS * M * C, weight_bytes=C * dt.w)
+            qkv = qkv + Cost(flops=NORM_FLOPS * M * C, weight_bytes=C * dt.weight_size)
         else:
             qkv = matmul(M, D, N * (P + Q), dt)
         qkv = qkv + matmul(M, D, R + Q, dt) + Cost(flops=NORM_FLOPS * M * R,
-                                                    weight_bytes=R * dt.w)
+                                                    weight_bytes=R * dt.weight_size)
         rope_cost = Cost(flops=ROPE_FLOPS * M * (N + 1) * Q) if cfg.position == "rope" \
             else Cost()
         ops = {"qkv_proj": qkv, "rope": rope_cost,
-               "kv_write": Cost(kv_bytes=M * (R + Q) * dt.c),
-               "attn_softmax": Cost(flops=SOFTMAX_FLOPS * M * N * keys),
+               "kv_write": Cost(kv_bytes=M * (R + Q) * dt.kv_size),
+               "attn_softmax": Cost(flops=ATTN_SOFTMAX_FLOPS * M * N * keys),
                "out_proj": matmul(M, N * U, D, dt)}
         core = absorbed_costs if cfg.mla_absorb else naive_costs
         return {**ops, **core(cfg, batch, new, keys, dt)}
@@ -214,10 +244,10 @@ def naive_costs(cfg: ModelConfig, batch: int, new: int, keys: int,
     N, R, P, Q, U = (cfg.n_heads, cfg.kv_lora_rank, cfg.qk_nope_dim, cfg.qk_rope_dim,
                      cfg.v_head_dim)
     M, BS = batch * new, batch * keys
-    expand = Cost(flops=2.0 * BS * R * N * (P + U), weight_bytes=R * N * (P + U) * dt.w,
-                  kv_bytes=BS * R * dt.c, act_bytes=2.0 * BS * N * (P + U) * dt.a)
+    expand = Cost(flops=2.0 * BS * R * N * (P + U), weight_bytes=R * N * (P + U) * dt.weight_size,
+                  kv_bytes=BS * R * dt.kv_size, act_bytes=2.0 * BS * N * (P + U) * dt.act_size)
     return {"kv_expand": expand, "absorb": Cost(),
-            "attn_scores": Cost(flops=2.0 * M * N * keys * (P + Q), kv_bytes=BS * Q * dt.c),
+            "attn_scores": Cost(flops=2.0 * M * N * keys * (P + Q), kv_bytes=BS * Q * dt.kv_size),
             "attn_values": Cost(flops=2.0 * M * N * keys * U)}
 
 
@@ -231,6 +261,6 @@ def absorbed_costs(cfg: ModelConfig, batch: int, new: int, keys: int,
     absorb = N * matmul(M, P, R, dt) + N * matmul(M, R, U, dt)
     # + M N keys: the sum of the latent and the rope score.
     scores = Cost(flops=2.0 * M * N * keys * (R + Q) + M * N * keys,
-                  kv_bytes=BS * (R + Q) * dt.c)
+                  kv_bytes=BS * (R + Q) * dt.kv_size)
     return {"kv_expand": Cost(), "absorb": absorb, "attn_scores": scores,
             "attn_values": Cost(flops=2.0 * M * N * keys * R)}

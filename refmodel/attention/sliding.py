@@ -25,10 +25,10 @@ Costs are counted twice over, kept apart by op name. `attn_scores` / `attn_softm
 `attn_values` count what a windowed engine reads: a query sees min(S, W - 1) cached keys and
 its own new ones, so a decode step at context S reads min(S + 1, W) keys per sequence and
 prefill into an empty cache reads its T new keys (masked pairs counted, as for full attention
-in refmodel/costing.py). `RING_OP` counts what this fixed ring executes on top: the masked
+in refmodel/counting.py). `RING_OP` counts what this fixed ring executes on top: the masked
 slots it still scores (W - min(S + 1, W) at decode, the W old slots at prefill). The phase
 totals of `refmodel.costs.phase_costs` include it by default (what the compiled code runs,
-timed by microbench and cross-checked against XLA by refmodel/check.py); `count="engine"`
+timed by microbench and cross-checked against XLA by refmodel/compiler_check.py); `count="engine"`
 leaves it out.
 """
 
@@ -41,8 +41,8 @@ from flax import struct
 from refmodel.attention import register
 from refmodel.attention.common import causal_mask
 from refmodel.attention.gqa import GroupedQueryAttention, gqa_costs, kv_heads
-from refmodel.config import ModelConfig
-from refmodel.costing import Cost, Dtypes
+from refmodel.config import ModelConfig, positive
+from refmodel.counting import Cost, Dtypes
 
 RING_OP = "ring_masked_slots"  # work of the fixed ring beyond a windowed engine's
 RING_OPS = ("attn_scores", "attn_softmax", "attn_values")  # the ops whose keys it pads
@@ -70,6 +70,13 @@ def ring_write(cache: RingCache, k: jax.Array, v: jax.Array, positions: jax.Arra
 @register("sliding")
 class SlidingWindowAttention(GroupedQueryAttention):
     """GQA restricted to the last W positions, with a ring-buffer cache of W slots."""
+
+    MEASURE = {"sliding": ("context", "quick", "quick context")}
+    IMPLEMENTATION_ONLY = (RING_OP,)
+
+    @classmethod
+    def validate(cls, cfg: ModelConfig, kind: str) -> None:
+        positive("window", cfg.window)
 
     capacity_bound = False
 
@@ -113,7 +120,7 @@ class SlidingWindowAttention(GroupedQueryAttention):
         front (`init_cache`), whatever the context. The W int32 positions, shared by the
         batch, are left out: 4 W bytes per layer."""
         keys = min(context, cfg.window)
-        return 2.0 * batch * keys * kv_heads(cfg, kind) * cfg.head_size * dt.c
+        return 2.0 * batch * keys * kv_heads(cfg, kind) * cfg.head_size * dt.kv_size
 
     @classmethod
     def costs(cls, cfg: ModelConfig, kind: str, batch: int, new: int, context: int,
@@ -128,5 +135,5 @@ class SlidingWindowAttention(GroupedQueryAttention):
         out = gqa_costs(cfg, K, batch, new, engine, dt)
         ring = gqa_costs(cfg, K, batch, new, executed, dt)
         out[RING_OP] = sum((ring[op] + (-1.0) * out[op] for op in RING_OPS), Cost())
-        out["kv_write"] = Cost(kv_bytes=2.0 * batch * min(new, W) * K * cfg.head_size * dt.c)
+        out["kv_write"] = Cost(kv_bytes=2.0 * batch * min(new, W) * K * cfg.head_size * dt.kv_size)
         return out

@@ -36,8 +36,8 @@ from flax import nnx, struct
 from refmodel.attention import register
 from refmodel.attention.common import causal_mask
 from refmodel.attention.gqa import GroupedQueryAttention, gqa_costs, kv_heads
-from refmodel.config import ModelConfig
-from refmodel.costing import Cost, Dtypes, matmul
+from refmodel.config import ModelConfig, positive
+from refmodel.counting import Cost, Dtypes, matmul
 from refmodel.layers import param
 
 # Per (query, key, indexer head): relu, multiply by the head weight, add.
@@ -54,6 +54,13 @@ class SparseCache:
 @register("sparse")
 class SparseAttention(GroupedQueryAttention):
     """GQA in which each query attends to its top-k keys by a lightning indexer's score."""
+
+    MEASURE = {"sparse": ("context",)}
+
+    @classmethod
+    def validate(cls, cfg: ModelConfig, kind: str) -> None:
+        for f in ("sparse_top_k", "indexer_heads", "indexer_dim"):
+            positive(f, getattr(cfg, f))
 
     def __init__(self, cfg: ModelConfig, *, kind: str, rngs: nnx.Rngs):
         super().__init__(cfg, kind=kind, rngs=rngs)
@@ -139,7 +146,7 @@ class SparseAttention(GroupedQueryAttention):
     def cache_bytes(cls, cfg: ModelConfig, kind: str, batch: int, context: int,
                     dt: Dtypes) -> float:
         kv = super().cache_bytes(cfg, kind, batch, context, dt)
-        return kv + batch * context * cfg.indexer_dim * dt.c
+        return kv + batch * context * cfg.indexer_dim * dt.kv_size
 
     @classmethod
     def costs(cls, cfg: ModelConfig, kind: str, batch: int, new: int, context: int,
@@ -151,15 +158,15 @@ class SparseAttention(GroupedQueryAttention):
         out = gqa_costs(cfg, K, batch, new, n, dt)  # scores, softmax, values over k keys
         # The selected K/V are gathered in topk_select, so attn_scores/values read no cache:
         # the gather reads each selected entry once, at most all S of them.
-        gathered = 2.0 * batch * min(new * n, S) * K * H * dt.c
+        gathered = 2.0 * batch * min(new * n, S) * K * H * dt.kv_size
         out["attn_scores"] = Cost(flops=out["attn_scores"].flops)
         out["attn_values"] = Cost(flops=out["attn_values"].flops)
         out["indexer"] = (
             matmul(M, cfg.d_model, I * J + J + I, dt)  # q_idx, k_idx and w projections
             + Cost(flops=2.0 * M * S * I * J + INDEX_FLOPS * M * S * I,
-                   kv_bytes=batch * (S + new) * J * dt.c)  # read S keys, write `new`
+                   kv_bytes=batch * (S + new) * J * dt.kv_size)  # read S keys, write `new`
         )
         # top-k and gathers count 0 FLOPs (as in XLA's cost analysis): selection moves the
         # [B, T, S] index scores and the selected K/V, and multiplies nothing.
-        out["topk_select"] = Cost(kv_bytes=gathered, act_bytes=M * S * dt.a)
+        out["topk_select"] = Cost(kv_bytes=gathered, act_bytes=M * S * dt.act_size)
         return out

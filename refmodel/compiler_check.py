@@ -1,7 +1,7 @@
 """The compiler cross-check: analytic FLOPs and bytes against XLA's own cost analysis.
 
-For a tiny model of every registered attention kind (MLA with and without weight absorption,
-linear attention with both update rules), dense and MoE, and every phase, this lowers and
+For a tiny model of every option set every registered attention variant declares
+(`refmodel.attention.option_sets`), dense and MoE, and every phase, this lowers and
 compiles the very callables the benchmarks time (`refmodel.Phases(model).jitted[phase]`) and
 reads `compiled.cost_analysis()` (a dict, a one-element list on older jax, or None).
 
@@ -27,13 +27,10 @@ rather than loosened in a test):
   a dense dot over all E experts; a native grouped kernel shows as `ragged_dot` in the HLO and
   gets no correction.)
 - Other while loops (`lax.scan`) are also counted once per loop, not per iteration: the
-  prefill length is chosen to fit one chunk of linear attention's chunked form.
-- Triangular solves. The delta rule's chunked prefill solves a unit lower triangular system
-  per chunk and value head (`linear.solve_flops`, C (C-1) (P + H) FLOPs as forward
-  substitution). XLA:CPU runs it as a LAPACK call (a custom call) that its cost analysis
-  counts as 0 FLOPs; the expected count leaves it out, by name (`LIBRARY_SOLVES`). A native
-  `triangular-solve` instruction XLA prices at 2 C elements(rhs), 2 C^2 (P + H): twice ours
-  plus 2 C (P + H), the difference added under the same name.
+  prefill length is chosen to fit one chunk of a chunked (linear-time) form.
+- Anything particular to one attention variant (a library call XLA prices differently, such
+  as a triangular solve) is that variant's `compiler_differences`, explained in its own file
+  and added by name.
 - Bytes: XLA sums the operands and outputs of every fused kernel it emits, so every
   intermediate that is not fused (scores, the softmax, expanded MLA keys) is counted once on
   the way out and once on the way in, and small weights are read by several kernels. The
@@ -51,9 +48,8 @@ import jax
 
 import refmodel
 from refmodel import attention, costs, moe
-from refmodel.attention import linear
 from refmodel.config import ModelConfig
-from refmodel.costing import Dtypes
+from refmodel.counting import Dtypes
 from refmodel.moe import MoE
 from refmodel.phases import PHASES
 
@@ -61,31 +57,20 @@ BATCH = 2
 CONTEXT = 8  # the tiny preset's linear_chunk (one chunk: scan counted once) and window
 FLOP_RTOL = 0.02  # |compiler - expected| / compiler, for every variant and phase
 EXPERT_LOOPS = "expert loops counted once"
-LIBRARY_SOLVES = "triangular solves as XLA prices them"
 # Skip LLVM's expensive passes: the HLO, hence the cost analysis, is the same (tested), and
 # the 60-odd compiles of the check take about half the time.
 FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 
 def variants(kinds: tuple[str, ...] | None = None) -> dict[str, ModelConfig]:
-    """{label: tiny config} for every registered kind (or `kinds`), dense and MoE."""
+    """{label: tiny config} for every option set of every registered kind (or of `kinds`),
+    dense and MoE."""
     base = refmodel.presets.get("tiny")
-    kinds = attention.registered() if kinds is None else tuple(kinds)
-    for kind in kinds:
+    for kind in kinds or ():
         attention.get(kind)  # an unknown kind lists the valid ones
-    out = {}
-    for kind in kinds:
-        options = {kind: {}}
-        if kind == "mla":
-            options = {"mla naive": {"mla_absorb": False}, "mla absorbed": {"mla_absorb": True}}
-        elif kind == "linear":
-            options = {f"linear {rule}": {"linear_rule": rule} for rule in ("gated_delta",
-                                                                              "mamba2")}
-        for label, changes in options.items():
-            for ffn in ("dense", "moe"):
-                out[f"{label} {ffn}"] = dataclasses.replace(base, attention=kind, ffn=ffn,
-                                                            **changes)
-    return out
+    return {f"{label} {ffn}": dataclasses.replace(base, ffn=ffn, **changes)
+            for label, changes in attention.option_sets(kinds).items()
+            for ffn in ("dense", "moe")}
 
 
 def cost_analysis(compiled) -> dict | None:
@@ -98,15 +83,9 @@ def cost_analysis(compiled) -> dict | None:
 
 def known_differences(cfg: ModelConfig, phase: str, batch: int, context: int,
                       native_grouped: bool, native_solve: bool = False) -> dict[str, float]:
-    """FLOPs the compiler counts that the analytic model leaves out by design, by reason."""
-    out = {}
-    linear_layers = sum(k == "linear" for k in cfg.layer_kinds)
-    solves = linear.solve_flops(cfg, batch, context) if phase == "prefill" else 0.0
-    if linear_layers and solves:
-        C = cfg.linear_chunk
-        # native: XLA's 2 C^2 (P + H) per solve against our C (C - 1) (P + H); else 0 FLOPs
-        out[LIBRARY_SOLVES] = linear_layers * solves * ((C + 1) / (C - 1) if native_solve
-                                                        else -1.0)
+    """FLOPs the compiler counts that the analytic model leaves out by design, by reason: the
+    attention variants' own (`compiler_differences`) and the MoE expert loops'."""
+    out = attention.compiler_differences(cfg, phase, batch, context, native_solve)
     moe_layers = sum(f == "moe" for f in cfg.layer_ffns)
     if not native_grouped and moe_layers and phase != "decode_attention":
         tokens = batch * (context if phase == "prefill" else 1)
@@ -163,7 +142,8 @@ def format_table(rows: list[dict]) -> str:
                      f"{known:11.0f} {xla:>11s} {rel:>8s}  {r['analytic_bytes']:11.0f} "
                      f"{xb:>11s}")
     lines.append(f"tolerance on FLOPs: |XLA - (analytic + known)| / XLA <= {FLOP_RTOL:.0%}; "
-                 f"'+known' = {EXPERT_LOOPS}, {LIBRARY_SOLVES} (see refmodel/check.py); "
+                 "'+known' = differences by design, named in each row "
+                 "(see refmodel/compiler_check.py); "
                  f"bytes not asserted; "
                  f"tiny preset, batch {rows[0]['batch'] if rows else BATCH}, context "
                  f"{rows[0]['context'] if rows else CONTEXT}, backend {jax.default_backend()}")

@@ -12,7 +12,8 @@ uses what `peaks` measured on the same machine (`prediction_inputs`):
   * curve: the all-core read bandwidth at the phase's working-set size (weights + cache +
     activations), interpolated on the measured working-set curve (microbench.hierarchy), so
     the predicted time is continuous in bytes: no jump between cache levels. Past the curve,
-    main memory's read-only roof. (Without a native curve: the level that holds it.)
+    main memory's read-only roof. (Without a native curve: the level that holds it.) The
+    arithmetic, the roofs chosen and the levels are microbench.roofline's.
   * floor: the measured dispatch cost plus the measured cost per kernel times the kernels of
     this compiled phase (microbench.overhead).
   * c, m: drift factors from the probes run just before and after the point
@@ -40,7 +41,7 @@ from microbench import harness, overhead, roofline
 from refmodel import costs
 from refmodel.phases import donation
 
-BAND = (0.75, 1.25)  # measured / predicted within this band: "on its prediction"
+BAND = roofline.BAND  # measured / predicted within this band: "on its prediction"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,31 +66,6 @@ def working_set_bytes(cfg: refmodel.ModelConfig, phase: str, batch: int, context
     return counted["weight_bytes"] + counted["act_bytes"] + cache
 
 
-def memory_level(roofs: dict, capacities: list, working_set: float) -> dict:
-    """The memory roof of the smallest cache level whose capacity holds the working set, else
-    main memory's read-only roof (inference phases stream weights and caches: reads), else
-    main memory's best roof. `capacities` is [[level, bytes], ...] smallest first."""
-    by_level = {r["level"]: r for r in roofs["memory"] if not r.get("suspect")}
-    for level, capacity in capacities:
-        if working_set <= capacity and level in by_level:
-            return by_level[level]
-    main = [level for level in by_level if level not in dict(capacities)]
-    if not main:
-        raise ValueError("roofs.memory: no unflagged main-memory roof to predict with")
-    read = [level for level in main if level.endswith(" read")]
-    return by_level[(read or main)[0]]
-
-
-def compute_roof(roofs: dict, dtype: str) -> dict:
-    """The matrix (GEMM) roof of `dtype`, or the best unflagged compute roof if none."""
-    ok = [r for r in roofs["compute"] if not r.get("suspect")]
-    gemm = [r for r in ok if r.get("dtype") == dtype and r["name"].startswith("GEMM")]
-    pool = gemm or [r for r in ok if r.get("dtype") == dtype] or ok
-    if not pool:
-        raise ValueError("roofs.compute: no unflagged compute roof to predict with")
-    return max(pool, key=lambda r: r["value"])
-
-
 def prediction_inputs(peaks: dict) -> dict:
     """What a prediction needs from a peaks result (phases.json keeps exactly this): roofs,
     cache capacities, the working-set curve ending at main memory's read roof, the per-call
@@ -100,13 +76,9 @@ def prediction_inputs(peaks: dict) -> dict:
     caps = peaks.get("sweep", {}).get("cache_capacities") or []
     hier = peaks.get("hierarchy")
     curve = None
-    main_read = next((r for r in roofs["memory"] if r["level"].endswith(" read")
-                      and not r.get("suspect")), None)
+    main_read = roofline.main_roof(roofs["memory"], roofline.READ)
     if hier and main_read:
-        llc = max((c for _, c in hier["all_cores"]["cache_capacities"]), default=0)
-        curve = [[p["working_set_bytes"], p["bytes_per_s"]["median"]]
-                 for p in hier["all_cores"]["points"] if p["working_set_bytes"] <= 4 * llc]
-        curve.append([max(16 * llc, (curve or [[0]])[-1][0] * 2), main_read["value"]])
+        curve = roofline.working_set_curve(hier["all_cores"], main_read)
         caps = hier["all_cores"]["cache_capacities"]
     mr = peaks.get("main_roofs") or {}
     return {"machine": peaks["machine"], "roofs": roofs, "cache_capacities": caps,
@@ -139,51 +111,6 @@ def drift_factors(before: dict | None, after: dict | None, reference: dict) -> d
     return out
 
 
-def _llc(inputs: dict) -> float:
-    return max((c for _, c in inputs.get("cache_capacities") or []), default=0.0)
-
-
-def predict(flops: float, nbytes: float, compute: dict, memory: dict,
-            floor_s: float = 0.0) -> dict:
-    """Roofline time of a phase: the slower of its compute and memory times, plus the floor.
-    `memory` is a roof-like {name, level, value}."""
-    t_compute, t_memory = flops / compute["value"], nbytes / memory["value"]
-    t_roof = max(t_compute, t_memory)
-    t = floor_s + t_roof
-    bound = "compute" if t_compute >= t_memory else "memory"
-    if floor_s > t_roof:
-        bound = "overhead"
-    return {"time_s": t, "bound": bound, "t_compute_s": t_compute, "t_memory_s": t_memory,
-            "floor_s": floor_s, "compute_roof": compute["name"],
-            "compute_flops_per_s": compute["value"], "memory_level": memory["level"],
-            "memory_bytes_per_s": memory["value"], "flops_per_s": flops / t if t else None}
-
-
-def _drift_cap(factor: float, roof: dict) -> float:
-    """A drift factor, capped so a roof of the moment never exceeds the best value the roof's
-    program reached in any round (its p90: the max over rounds): a probe that runs faster
-    than during the rounds says the machine is quiet, not that the hardware grew."""
-    return min(factor, roof["p90"] / roof["value"]) if roof.get("value") else factor
-
-
-def _memory_at(inputs: dict, working_set: float, m: float) -> dict:
-    """Roof-like bandwidth for a working set: the curve (x drift beyond the LLC), else the
-    level that holds it."""
-    roofs = inputs["roofs"]
-    if inputs.get("curve"):
-        bw = roofline.curve_bandwidth(inputs["curve"], working_set)
-        beyond = working_set > _llc(inputs)
-        main = next(r for r in roofs["memory"] if r["level"].endswith(" read"))
-        level = main["level"] if beyond else "cache (working-set curve)"
-        return {"name": f"working-set curve at {working_set / 2**20:.1f} MiB", "level": level,
-                "value": bw * (_drift_cap(m, main) if beyond else 1.0),
-                "spread": roofline.spread(main)}
-    roof = memory_level(roofs, inputs.get("cache_capacities") or [], working_set)
-    beyond = working_set > _llc(inputs)  # drift is main memory's: caches are not scaled
-    return {**roof, "value": roof["value"] * (_drift_cap(m, roof) if beyond else 1.0),
-            "spread": roofline.spread(roof)}
-
-
 def measure_point(phases: refmodel.Phases, phase: str, batch: int, context: int,
                   peaks: dict | None, timing: Budget = Budget(), label: str | None = None,
                   probe=None, explain_outside: bool = False) -> dict:
@@ -204,7 +131,8 @@ def measure_point(phases: refmodel.Phases, phase: str, batch: int, context: int,
     point = {
         "label": label or describe(cfg), "model": cfg.name, "attention": cfg.attention,
         "layer_pattern": list(cfg.layer_pattern) if cfg.layer_pattern else None,
-        "ffn": cfg.ffn, "mla_absorb": cfg.mla_absorb if "mla" in cfg.layer_kinds else None,
+        "ffn": cfg.ffn,
+        "mla_absorb": cfg.mla_absorb if "mla_absorb" in _option_fields(cfg) else None,
         "phase": phase, "batch": batch, "context": context, "tokens": tokens,
         "dtype": cfg.dtype, **{k: counted[k] for k in (
             "flops", "bytes", "weight_bytes", "kv_bytes", "act_bytes", "intensity")},
@@ -218,7 +146,7 @@ def measure_point(phases: refmodel.Phases, phase: str, batch: int, context: int,
     del args, compiled
     if peaks is not None:
         inputs = prediction_inputs(peaks)
-        llc = _llc(inputs)
+        llc = roofline.last_level_bytes(inputs.get("cache_capacities"))
         point["timed"] = (
             f"warm: working set {point['working_set_bytes'] / 2**20:.1f} MiB fits the "
             f"{llc / 2**20:.0f} MiB last-level cache, so repeated calls find it cached"
@@ -238,12 +166,12 @@ def attach_prediction(point: dict, peaks: dict, factors: dict | None = None) -> 
     `outside_reason`, from a peaks result (or its prediction_inputs)."""
     inputs = prediction_inputs(peaks)
     factors = factors or {"memory": 1.0, "compute": 1.0}
-    comp = compute_roof(inputs["roofs"], point["dtype"])
-    comp_now = {**comp, "value": comp["value"] * _drift_cap(factors["compute"], comp)}
-    mem = _memory_at(inputs, point["working_set_bytes"], factors["memory"])
+    comp = roofline.compute_roof(inputs["roofs"], point["dtype"])
+    comp_now = {**comp, "value": comp["value"] * roofline.drift_cap(factors["compute"], comp)}
+    mem = roofline.bandwidth_at(inputs, point["working_set_bytes"], factors["memory"])
     oh = inputs.get("overhead")
     floor = overhead.floor_s(oh, point.get("kernels", 0)) if oh else 0.0
-    pred = predict(point["flops"], point["bytes"], comp_now, mem, floor)
+    pred = roofline.predict(point["flops"], point["bytes"], comp_now, mem, floor)
     pred["drift"] = {k: factors[k] for k in ("memory", "compute")}
     point["predicted"] = pred
     ratio = pred["time_s"] / point["timing"]["median"]
@@ -330,20 +258,11 @@ def attach_breakdown(point: dict, phases: refmodel.Phases, peaks: dict) -> dict:
 
 
 def describe(cfg: refmodel.ModelConfig) -> str:
-    """A short legend label: the attention kind (or pattern), the FFN, MLA's path."""
-    kind = "+".join(dict.fromkeys(cfg.layer_kinds))
-    if "mla" in cfg.layer_kinds:
-        kind += " absorbed" if cfg.mla_absorb else " naive"
-    return f"{kind} / {cfg.ffn}"
+    """A short legend label: each mixer's option set (its variant names it), the FFN."""
+    return f"{refmodel.attention.label(cfg)} / {cfg.ffn}"
 
 
-def summary_row(point: dict) -> dict:
-    """The numbers a table shows for one point."""
-    pred = point.get("predicted") or {}
-    return {"label": point["label"], "phase": point["phase"], "batch": point["batch"],
-            "context": point["context"], "FLOP/byte": point["intensity"],
-            "GFLOP/s": point["flops_per_s"]["median"] / 1e9,
-            "GB/s": point["bytes_per_s"]["median"] / 1e9,
-            "ms": point["timing"]["median"] * 1e3,
-            "bound": pred.get("bound"), "level": pred.get("memory_level"),
-            "meas/pred": point.get("measured_over_predicted")}
+def _option_fields(cfg: refmodel.ModelConfig) -> set[str]:
+    """Config fields that pick an option set of a mixer `cfg` runs."""
+    sets = refmodel.attention.option_sets(refmodel.attention.kinds_in(cfg))
+    return {field for changes in sets.values() for field in changes} - {"attention"}

@@ -35,15 +35,18 @@ class Dtypes:
                 raise ValueError(f"{field} dtype {value!r} is not one of {sorted(BYTES)}")
 
     @property
-    def w(self) -> float:
+    def weight_size(self) -> float:
+        """Bytes per weight element."""
         return BYTES[self.weight]
 
     @property
-    def c(self) -> float:
+    def kv_size(self) -> float:
+        """Bytes per cached (KV or state) element."""
         return BYTES[self.kv]
 
     @property
-    def a(self) -> float:
+    def act_size(self) -> float:
+        """Bytes per activation element."""
         return BYTES[self.act]
 
 
@@ -82,8 +85,8 @@ def matmul(m: float, k: float, n: float, dt: Dtypes, *, weight: bool = True) -> 
     """[m, k] activations times a [k, n] weight: 2mkn FLOPs, reads the weight once."""
     return Cost(
         flops=2.0 * m * k * n,
-        weight_bytes=k * n * dt.w if weight else 0.0,
-        act_bytes=(m * k + m * n) * dt.a,
+        weight_bytes=k * n * dt.weight_size if weight else 0.0,
+        act_bytes=(m * k + m * n) * dt.act_size,
     )
 
 

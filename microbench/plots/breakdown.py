@@ -7,7 +7,7 @@ intensity >= FLOP_BOUND_INTENSITY, else GB/s (and GFLOP/s when it counts FLOPs t
 counted in FLOPs only (RoPE, softmax: elementwise on activations the cost model moves no bytes
 for) shows GFLOP/s. The unattributed remainder (whole phase minus the sum of ops) is its own
 grey bar, so the bars add up to the whole phase. Imports matplotlib only (no JAX): `python -m
-microbench.plot_breakdown breakdown.json [out.png]` redraws a saved result.
+microbench.plots.breakdown breakdown.json [out.png]` redraws a saved result.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import matplotlib
 matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
 
-KIND_BREAKDOWN = "microbench.breakdown"
+from microbench.schema import KIND_BREAKDOWN  # noqa: E402
+
 FLOP_BOUND_INTENSITY = 8.0  # FLOP/byte above which an op is labelled by GFLOP/s, not GB/s
 
 
@@ -118,7 +119,7 @@ def save_breakdown_figure(result: dict, path: str | Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not 1 <= len(argv) <= 2:
-        print("usage: python -m microbench.plot_breakdown breakdown.json [out.png]")
+        print("usage: python -m microbench.plots.breakdown breakdown.json [out.png]")
         return 2
     src = Path(argv[0])
     out = Path(argv[1]) if len(argv) == 2 else src.with_suffix(".png")

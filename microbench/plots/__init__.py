@@ -1,0 +1,69 @@
+"""Every figure, drawn from saved JSON results only: matplotlib and the JAX-free parts of
+microbench (schema, files, roofline), never JAX or Flax, so `figures/` can be redrawn anywhere.
+
+Modules, each importing only those before it (no cycle):
+    common.py     rc settings, SI formatting, atomic save, loading, the two roof lines
+    roofline.py   roofline.png: the machine's roofs, ridges, what XLA reaches (peaks.json)
+    hierarchy.py  hierarchy.png: bandwidth per level at a fixed thread count, drift by round
+    claims.py     what a phase figure's titles and notes say, computed from its data (pure)
+    points.py     phases_roofline.png and gap.png: measured points against their predictions,
+                  plus what every phase figure shares (Notes, ridge_of)
+    sweeps.py     batch.png, throughput.png, crossover.png, kv_cache.png (phases.json)
+    breakdown.py  the per-op breakdown figure (breakdown.json; `python -m
+                  microbench.plots.breakdown breakdown.json [out.png]`)
+
+Add a figure by writing `<name>_figure(results, title=None) -> Figure` in the module of its
+data and listing it in FIGURES. `draw_all` is what `python -m microbench figures` draws.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from microbench.plots.common import PALETTE, fmt_si, load_results, save
+from microbench.plots.hierarchy import hierarchy_figure
+from microbench.plots.points import gap_figure, phases_roofline_figure
+from microbench.plots.roofline import roofline_figure
+from microbench.plots.sweeps import batch_figure, crossover_figure, kv_figure, throughput_figure
+from microbench.schema import validate_result
+
+FIGURES = {"roofline": roofline_figure, "hierarchy": hierarchy_figure,
+           "phases_roofline": phases_roofline_figure,
+           "batch": batch_figure, "throughput": throughput_figure,
+           "crossover": crossover_figure, "kv_cache": kv_figure, "gap": gap_figure}
+PEAKS_FIGURES = ("roofline", "hierarchy")  # drawn from peaks.json
+PHASE_FIGURES = ("phases_roofline", "batch", "throughput", "crossover", "kv_cache", "gap")
+
+__all__ = ["FIGURES", "PALETTE", "PEAKS_FIGURES", "PHASE_FIGURES", "batch_figure",
+           "crossover_figure", "draw_all", "fmt_si", "gap_figure", "hierarchy_figure",
+           "kv_figure", "load_results", "load_saved", "phases_roofline_figure", "plot_files",
+           "roofline_figure", "save", "throughput_figure"]
+
+
+def plot_files(paths: Sequence[str | Path], out_dir: str | Path,
+               name: str = "roofline") -> Path:
+    """Redraw figure `name` from saved result files into out_dir/<name>.png."""
+    fig = FIGURES[name](load_results(paths))
+    return save(fig, Path(out_dir) / f"{name}.png")
+
+
+def load_saved(data_dir: str | Path) -> tuple[dict, dict | None]:
+    """(peaks, phases or None) from data_dir/peaks.json and data_dir/phases.json, validated."""
+    data = Path(data_dir)
+    peaks = validate_result(json.loads((data / "peaks.json").read_text()))
+    phases_file = data / "phases.json"
+    phases = validate_result(json.loads(phases_file.read_text())) if phases_file.exists() \
+        else None
+    return peaks, phases
+
+
+def draw_all(out_dir: str | Path, peaks: dict, phases: dict | None = None) -> list[Path]:
+    """Every figure of a peaks result and, when given, of a phases result, into out_dir."""
+    out = Path(out_dir)
+    written = [save(FIGURES[name]([peaks]), out / f"{name}.png") for name in PEAKS_FIGURES]
+    if phases is not None:
+        written += [save(FIGURES[name]([phases]), out / f"{name}.png")
+                    for name in PHASE_FIGURES]
+    return written

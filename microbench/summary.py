@@ -1,0 +1,151 @@
+"""The text of a run, from its saved results, without JAX: the summary table, the speed
+report, and `draw` (every figure and summary.md), so `python -m microbench figures` redraws
+figures/ on a machine where JAX is not even installed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from microbench import plots
+from microbench.files import write_text_atomic
+from microbench.plots import fmt_si
+from microbench.roofline import BAND
+from microbench.schema import point_sweeps
+
+# What the speed report aims at: decode batch 1 at this fraction of the main-memory read roof,
+# prefill at this fraction of the f32 GEMM roof, this speed-up over the Hugging Face peer.
+TARGETS = {"decode_over_dram": 0.70, "prefill_over_gemm": 0.80, "speedup_over_peer": 1.5}
+
+
+def summary_row(point: dict) -> dict:
+    """The numbers a table shows for one point."""
+    pred = point.get("predicted") or {}
+    return {"label": point["label"], "phase": point["phase"], "batch": point["batch"],
+            "context": point["context"], "FLOP/byte": point["intensity"],
+            "GFLOP/s": point["flops_per_s"]["median"] / 1e9,
+            "GB/s": point["bytes_per_s"]["median"] / 1e9,
+            "ms": point["timing"]["median"] * 1e3,
+            "bound": pred.get("bound"), "level": pred.get("memory_level"),
+            "meas/pred": point.get("measured_over_predicted")}
+
+
+def roof_rows(peaks: dict) -> list[str]:
+    lines = ["| roof | value | reached by | roof / best peer | rounds spread |",
+             "|---|---|---|---|---|"]
+    for r in peaks["roofs"]["compute"] + peaks["roofs"]["memory"]:
+        unit = "FLOP/s" if r["kind"] == "compute" else "B/s"
+        flag = " (SUSPECT: " + r["reason"] + ")" if r.get("suspect") else ""
+        ratio = r.get("ratio_roof_over_best_peer")
+        spread = (f"{r['spread']:.0%}" + (" UNSTABLE" if r["unstable"] else "")
+                  if "spread" in r else "-")
+        lines.append(f"| {r['name']}{flag} | {fmt_si(r['value'], unit)} | {r['source']} | "
+                     f"{f'{ratio:.3f}' if ratio is not None else '-'} | {spread} |")
+    for r in peaks["roofs"].get("compiler", []):
+        unit = "FLOP/s" if r["kind"] == "compute" else "B/s"
+        lines.append(f"| compiler level: {r['name']} | {fmt_si(r['value'], unit)} | "
+                     f"{r['source']} | - | - |")
+    lines.append("")
+    lines += [f"- {ridge['label']}" for ridge in peaks["roofs"].get("ridges", [])]
+    for c in (peaks.get("hierarchy") or {}).get("checks", []):
+        lines.append(f"- hierarchy {c['smaller']} >= {c['larger']}: "
+                     f"{'ok' if c['ok'] else 'VIOLATED: ' + c['reason']}")
+    for metric, d in (peaks.get("drift") or {}).items():
+        vals = ", ".join(f"{p['value'] / 1e9:.3g}" for p in d["points"])
+        lines.append(f"- drift of {metric} across the rounds: {vals} G/s (spread "
+                     f"{d['spread']:.0%})")
+    return lines
+
+
+def band_summary(points: list[dict]) -> dict:
+    """How many predicted points sit within the band, and which do not (with their reasons)."""
+    pred = [p for p in points if p.get("measured_over_predicted") is not None]
+    inside = [p for p in pred if BAND[0] <= p["measured_over_predicted"] <= BAND[1]]
+    return {"n": len(pred), "inside": len(inside), "band": list(BAND),
+            "suspect": sum(bool(p.get("suspect")) for p in pred),
+            "outside": [p for p in pred if p not in inside]}
+
+
+def summary_markdown(peaks: dict, phases: dict) -> str:
+    """Markdown: the roofs, the phase points with their predictions, and the band count."""
+    lines = [f"# Roofline summary: {peaks['machine']}", "",
+             f"Measured {peaks['environment'].get('date_utc', '?')[:10]}, jax "
+             f"{peaks['environment'].get('jax_version', '?')}, "
+             f"model '{phases['model']['preset']}' ({phases['model']['params'] / 1e6:.1f}M "
+             f"params, {phases['model']['dtype']}).", ""]
+    lines += roof_rows(peaks)
+    band = band_summary(phases["points"])
+    lines += ["", f"**{band['inside']} of {band['n']} phase points within "
+              f"{band['band'][0]}-{band['band'][1]} of their prediction**; "
+              f"{band['suspect']} flagged above their roof.", "",
+              "| variant | phase | batch | context | FLOP/byte | GFLOP/s | GB/s | ms | "
+              "bound | level | measured/predicted | reason (outside the band) |",
+              "|" + "---|" * 12]
+    for p in phases["points"]:
+        if "roofline" not in point_sweeps(p) and "outside_reason" not in p:
+            continue
+        r = summary_row(p)
+        ratio = f"{r['meas/pred']:.2f}" if r["meas/pred"] is not None else "-"
+        flag = " SUSPECT" if p.get("suspect") else ""
+        lines.append(f"| {r['label']} | {r['phase']} | {r['batch']} | {r['context']} | "
+                     f"{r['FLOP/byte']:.2f} | {r['GFLOP/s']:.1f} | {r['GB/s']:.1f} | "
+                     f"{r['ms']:.3f} | {r['bound']} | {r['level']} | {ratio}{flag} | "
+                     f"{p.get('outside_reason', '')} |")
+    if phases.get("report"):
+        lines += ["", "## Speed report", "", "```", format_report(phases["report"]), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def draw(out_dir, data_dir=None) -> list[Path]:
+    """Every figure (plots.draw_all) and summary.md from saved peaks.json and phases.json (in
+    data_dir, default out_dir)."""
+    peaks, phases = plots.load_saved(data_dir or out_dir)
+    out = Path(out_dir)
+    written = plots.draw_all(out, peaks, phases)
+    if phases is not None:
+        summary = out / "summary.md"
+        write_text_atomic(summary, summary_markdown(peaks, phases))
+        written.append(summary)
+    return written
+
+
+def moment_factor(point: dict, key: str, roof_value: float) -> float:
+    """The roof of the point's moment (its prediction's, drift-scaled and capped at the best
+    round, roofline.drift_cap) over the roof as measured in the rounds."""
+    pred = point.get("predicted") or {}
+    now = pred.get("memory_bytes_per_s" if key == "memory" else "compute_flops_per_s")
+    return now / roof_value if now else 1.0
+
+
+def format_report(rep: dict) -> str:
+    """The lines the `phases --report` command prints."""
+    d = rep["decode"]
+    lines = [
+        f"model '{rep['model']}' ({rep['params'] / 1e6:.0f}M params, float32)",
+        f"decode  batch 1 @ context {d['context']}: {d['timing']['median'] * 1e3:.1f} ms/step, "
+        f"{d['bytes_per_s']['median'] / 1e9:.1f} GB/s = {rep['decode_over_dram']:.2f} of the "
+        f"'{rep['dram_roof']}' roof at its moment ({rep['dram_roof_bytes_per_s'] / 1e9:.1f} GB/s "
+        f"x drift {rep['decode_drift']:.2f}; roof: {rep['dram_roof_program']}; target >= "
+        f"{TARGETS['decode_over_dram']}); {rep['decode_over_dram_unscaled']:.2f} of the roof "
+        f"as measured in the rounds; {rep['decode_over_best_dram']:.2f} of the best main-memory "
+        f"roof ('{rep['dram_best']}', {rep['dram_best_bytes_per_s'] / 1e9:.1f} GB/s, reads + "
+        "writes)",
+    ]
+    for p, r, r0 in zip(rep["prefills"], rep["prefill_over_gemm"],
+                        rep["prefill_over_gemm_unscaled"], strict=True):
+        lines.append(
+            f"prefill batch 1 x {p['context']} tokens: {p['timing']['median'] * 1e3:.0f} ms, "
+            f"{p['flops_per_s']['median'] / 1e9:.0f} GFLOP/s = {r:.2f} of the f32 GEMM roof at "
+            f"its moment ({rep['gemm_roof_flops_per_s'] / 1e9:.0f} GFLOP/s x drift "
+            f"{moment_factor(p, 'compute', rep['gemm_roof_flops_per_s']):.2f}; roof: "
+            f"{rep['gemm_roof_program']}; target >= "
+            f"{TARGETS['prefill_over_gemm']}); {r0:.2f} of the roof as measured in the rounds")
+    peer = rep.get("peer")
+    if peer and peer.get("step_s"):
+        lines.append(f"peer {peer['name']} (torch {peer['torch']}): "
+                     f"{peer['step_s'] * 1e3:.1f} ms/step, {peer['bytes_per_s'] / 1e9:.1f} GB/s; "
+                     f"ours is {rep['speedup_over_peer']:.2f}x faster "
+                     f"(target >= {TARGETS['speedup_over_peer']})")
+    elif peer:
+        lines.append(f"peer {peer['name']}: {peer.get('error')}")
+    return "\n".join(lines)
