@@ -498,14 +498,16 @@ def quick_roofs(n_gemm: int = 1024, array_bytes: int | None = None, budget_s: fl
     """A peaks-like {machine, roofs, main_roofs, environment, sweep} in a few seconds, for
     notebooks: one round of the main roofs (microbench.rounds) -- XLA's f32 GEMM, read and
     in-place scale beside numpy and the native C read/scale/triad -- on a main-memory array
-    (max(1 GiB, 16 x LLC) unless `array_bytes` is given). Each roof is the best program,
-    labelled with its name; guard rails applied."""
+    (max(1 GiB, 16 x LLC); a smaller `array_bytes` is raised to at least 8 x LLC, so at most
+    an eighth of it can sit in the cache). Each roof is the best program, labelled with its
+    name; guard rails applied."""
     env = harness.environment()
     spec = hardware.device_for_environment(env)
     main = roofline.main_memory_name(env)
     llc = max((size for _, size in memory_levels(env, spec)), default=32 << 20)
     if array_bytes is None:
         array_bytes = main_array_bytes(llc, sysinfo.mem_available_bytes())
+    array_bytes = max(int(array_bytes), 8 * llc) // 4096 * 4096
     n = array_bytes // 4
     ours = rounds.Ours((n_gemm, n_gemm, n_gemm), n, probe.probe_elements(llc, n),
                        budget_s=budget_s)

@@ -89,11 +89,11 @@ print({name: round(row[16] / row[1], 2) for name, row in counted.items()})
 # ## Step 2 · Measure decode FFN and the whole decode step against batch
 #
 # First this machine's roofs (one round of XLA, numpy and C on the main roofs, as in
-# notebook 02), then `measure_point` at each batch.
+# notebook 02; quick mode on a 256 MiB array), then `measure_point` at each batch.
 
 # %%
-PEAKS = peaks.quick_roofs(512 if QUICK else 2048, budget_s=TIMING.budget_s,
-                         min_samples=TIMING.min_samples)
+PEAKS = peaks.quick_roofs(512 if QUICK else 2048, array_bytes=256 << 20 if QUICK else None,
+                         budget_s=TIMING.budget_s, min_samples=TIMING.min_samples)
 phases = refmodel.Phases(refmodel.init(cfg, seed=0))
 points = []
 for B in BATCHES:

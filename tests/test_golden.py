@@ -60,4 +60,6 @@ def test_hybrid_layer_patterns(name, ffn):
     cfg = tiny(layer_pattern=pattern, n_layers=len(pattern), ffn=ffn,
                ffn_pattern=(ffn, "none") if "none" in pattern else None)
     assert cfg.layer_kinds == pattern
-    assert_golden(cfg, 1, LENGTH, [4, 9], seed=3)
+    # two chunks (the second on a cache that holds tokens); one for the 7-layer stack of every
+    # kind, whose compiles are the slowest of the file (chunking is tested kind by kind above)
+    assert_golden(cfg, 1, LENGTH, [9] if name == "every kind" else [4, 9], seed=3)
