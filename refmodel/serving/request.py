@@ -1,0 +1,95 @@
+"""What travels between client, scheduler and engine.
+
+A Request (client -> scheduler) is immutable: an id, prompt token ids, how many tokens to
+generate, and when it arrives (seconds on the run's clock). A Sequence (nano-vllm's
+`sequence.py`) is the scheduler's state of one: the tokens so far (prompt + output),
+`computed`, how many of them have KV in the pool, the prefix it borrowed from the radix cache,
+and when each output token was produced. A Plan (scheduler -> engine) is one step's work:
+Chunks of tokens to feed each sequence at given positions, and which of them sample a token.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from refmodel.serving.radix import Match
+
+
+@dataclass(frozen=True)
+class Request:
+    id: int
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    arrival: float = 0.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "prompt", tuple(int(t) for t in self.prompt))
+        if not self.prompt:
+            raise ValueError(f"request {self.id}: prompt is empty; give at least one token")
+        if min(self.prompt) < 0:
+            raise ValueError(f"request {self.id}: prompt holds a negative token id")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"request {self.id}: max_new_tokens={self.max_new_tokens!r} "
+                             "must be a positive integer")
+        if not math.isfinite(self.arrival) or self.arrival < 0:
+            raise ValueError(f"request {self.id}: arrival={self.arrival!r} must be finite "
+                             "and >= 0")
+
+
+@dataclass(eq=False)
+class Sequence:
+    """A request's running state; `token_times[i]` is when output token i was produced."""
+
+    request: Request
+    tokens: list[int]
+    computed: int = 0
+    match: Match | None = None
+    token_times: list[float] = field(default_factory=list)
+    preemptions: int = 0
+
+    @property
+    def id(self) -> int:
+        return self.request.id
+
+    @property
+    def output(self) -> list[int]:
+        return self.tokens[len(self.request.prompt):]
+
+    @property
+    def pending(self) -> int:
+        return len(self.tokens) - self.computed
+
+    @property
+    def decoding(self) -> bool:
+        return len(self.tokens) > len(self.request.prompt) and self.pending == 1
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Feed `tokens` to sequence `seq` at positions start, start+1, ...; `samples`: the last
+    position's logits give the sequence's next token."""
+
+    seq: int
+    start: int
+    tokens: tuple[int, ...]
+    samples: bool
+
+
+@dataclass
+class Plan:
+    """One step's work: prefill chunks and one-token decodes, plus who was preempted."""
+
+    step: int
+    prefill: list[Chunk] = field(default_factory=list)
+    decode: list[Chunk] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c.tokens) for c in self.prefill) + len(self.decode)
+
+    @property
+    def samples(self) -> list[int]:
+        """Sequence ids whose next token this step produces."""
+        return [c.seq for c in self.prefill + self.decode if c.samples]
