@@ -5,14 +5,25 @@ table COMMANDS maps a name to (help, module path), and modules are imported only
 parser is built, so a command's heavy imports (jax) stay inside its `run`. To add a command,
 append a line to COMMANDS (e.g. `Command("phases", "time the model's phases",
 "microbench.commands.phases")`), or call `register(...)` before `main()`.
+
+Errors are one line, never a traceback: bad input (ValueError, KeyError) and every OSError,
+named by its path, exit 2 (SystemExit); Ctrl-C (SIGINT) and SIGTERM exit 130 / 143 with one
+line, after the command's `files.output_set` has removed the unfinished run's files.
+Everything printed from an error is escaped for the terminal (`files.printable`).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
+import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from microbench.files import printable
 
 
 @dataclass(frozen=True)
@@ -57,11 +68,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminated(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    prog = "python -m microbench"
+    main_thread = threading.current_thread() is threading.main_thread()
+    if main_thread:  # unwind on SIGTERM (and clean up) as on Ctrl-C
+        previous = signal.signal(signal.SIGTERM, _terminated)
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        prog = f"{parser.prog} {args.command}"
         return int(args._run(args) or 0)
-    except (ValueError, KeyError, FileNotFoundError) as err:  # bad input: a message, no trace
+    except KeyboardInterrupt as err:
+        name = str(err.args[0]) if err.args else ""
+        name = name if name in ("SIGINT", "SIGTERM") else "SIGINT"
+        sys.stderr.write(f"{prog}: interrupted ({name}); no file of the unfinished run was "
+                         "kept, the output folder holds its previous files\n")
+        raise SystemExit(128 + int(getattr(signal, name))) from None
+    except BrokenPipeError:  # the reader went away (`... | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(128 + signal.SIGPIPE) from None
+    except (ValueError, KeyError, OSError) as err:  # bad input: a message, no trace
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
-        parser.exit(2, f"{parser.prog} {args.command}: error: {message}\n")
+        if isinstance(err, OSError) and err.filename is not None:
+            message = f"{err.filename}: {err.strerror or err}"
+        sys.stderr.write(printable(f"{prog}: error: {message}") + "\n")
+        raise SystemExit(2) from None
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)

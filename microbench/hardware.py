@@ -10,8 +10,10 @@ Public API:
     Device                       frozen dataclass (name, vendor, kind, peak_flops, ...)
     get(name) -> Device          unknown names raise KeyError listing the valid ones
     list_devices() -> list[str]
-    load_device(path) -> Device  a user's own device as JSON; bad fields raise ValueError
-    add_device(device)           make a loaded device visible to get()/list_devices()
+    load_device(path) -> Device  a user's own device as JSON (at most 1 MiB, 16 levels
+                                 deep); bad fields raise ValueError naming the file
+    add_device(device, replace=False)  make a loaded device visible to get()/list_devices();
+                                 a name already taken (a built-in) needs replace=True
     cpu_device() -> Device       this machine's CPU, derived from ISA x cores x clock
     device_for_environment(env) -> Device | None   the spec that matches a harness environment
     ridge_point(device, dtype=None, level=None) -> float   FLOP per byte
@@ -28,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from microbench import roofline, sysinfo
+from microbench.files import read_json
 
 DATA = Path(__file__).parent / "data" / "hardware.json"
 DTYPES = ("float32", "tf32", "bfloat16", "float16", "float8", "int8", "float4")
@@ -114,6 +117,12 @@ def device_from_dict(d: dict, prefix: str = "") -> Device:
     notes = d.get("notes", [])
     if not (isinstance(notes, list) and all(isinstance(s, str) for s in notes)):
         raise _bad(prefix + "notes", notes, "a list of strings")
+    derivation = d.get("derivation")
+    if derivation is not None and not isinstance(derivation, dict):
+        raise _bad(prefix + "derivation", derivation, "an object {name: value} or absent")
+    memory_type = d.get("memory_type")
+    if memory_type is not None and not isinstance(memory_type, str):
+        raise _bad(prefix + "memory_type", memory_type, "a string or absent")
     return Device(name=_str(d, "name", prefix), vendor=_str(d, "vendor", prefix), kind=kind,
                   peak_flops=flops, memory_bandwidth=bw, main_memory=main,
                   memory_bytes=None if mem is None else float(mem), sources=tuple(sources),
@@ -121,13 +130,19 @@ def device_from_dict(d: dict, prefix: str = "") -> Device:
                   derivation=dict(d.get("derivation") or {}), cache_bytes=caches)
 
 
+# A device file is one object of ~2 kB nested 3 levels deep: anything far bigger or deeper is
+# not one, and is refused before parsing.
+DEVICE_FILE_BYTES = 2**20
+DEVICE_FILE_DEPTH = 16
+
+
 def load_device(path: str | Path) -> Device:
     """A user's device file: one device object (same fields as data/hardware.json entries)."""
+    obj = read_json(path, max_bytes=DEVICE_FILE_BYTES, max_depth=DEVICE_FILE_DEPTH)
     try:
-        obj = json.loads(Path(path).read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from e
-    return device_from_dict(obj)
+        return device_from_dict(obj)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 @functools.lru_cache(maxsize=1)
@@ -140,16 +155,24 @@ def _builtin() -> dict[str, Device]:
 _EXTRA: dict[str, Device] = {}
 
 
-def add_device(device: Device) -> None:
+def add_device(device: Device, replace: bool = False) -> None:
+    """Make `device` visible to get(); a name already taken by another device (a built-in,
+    "cpu" or one added before) raises ValueError unless `replace`."""
+    builtin = device.name == "cpu" or device.name in _builtin()
+    other = _EXTRA.get(device.name)
+    if not replace and (builtin or (other is not None and other != device)):
+        where = "a built-in device" if builtin else "a device added before"
+        raise ValueError(f"device name {device.name!r} is already taken by {where}; rename "
+                         "yours, or replace it explicitly (replace=True, `hardware --replace`)")
     _EXTRA[device.name] = device
 
 
 def list_devices() -> list[str]:
-    return [*_builtin(), *_EXTRA, "cpu"]
+    return [*_builtin(), *(n for n in _EXTRA if n not in _builtin() and n != "cpu"), "cpu"]
 
 
 def get(name: str) -> Device:
-    if name == "cpu":
+    if name == "cpu" and name not in _EXTRA:
         return cpu_device()
     found = _EXTRA.get(name) or _builtin().get(name)
     if found is None:

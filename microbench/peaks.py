@@ -20,7 +20,6 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
@@ -480,16 +479,18 @@ def csv_rows(result: dict) -> list[dict]:
 def measure_peaks(quick: bool, out_dir, progress: bool = True, rounds_: int | None = None
                   ) -> dict:
     """Measure (with `rounds_` interleaved rounds, default the plan's) and write
-    peaks.json/.csv/roofline.png. The output folder is checked before anything is measured."""
-    out = Path(out_dir)
-    harness.check_writable_dir(out)
-    result = measure(quick, progress, rounds_)
-    harness.write_json_atomic(out / "peaks.json", validate_result(result))
-    harness.write_csv_atomic(out / "peaks.csv", csv_rows(result))
+    peaks.json, peaks.csv, roofline.png and hierarchy.png as one set (files.output_set: the
+    output folder is checked before anything is measured, and an interrupted run leaves the
+    previous set)."""
     from microbench import plots
+    from microbench.files import output_set
 
-    plots.save(plots.roofline_figure([result]), out / "roofline.png")
-    plots.save(plots.hierarchy_figure([result]), out / "hierarchy.png")
+    with output_set(out_dir) as out:
+        result = measure(quick, progress, rounds_)
+        harness.write_json_atomic(out / "peaks.json", validate_result(result))
+        harness.write_csv_atomic(out / "peaks.csv", csv_rows(result))
+        plots.save(plots.roofline_figure([result]), out / "roofline.png")
+        plots.save(plots.hierarchy_figure([result]), out / "hierarchy.png")
     return result
 
 

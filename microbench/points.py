@@ -66,6 +66,15 @@ def working_set_bytes(cfg: refmodel.ModelConfig, phase: str, batch: int, context
     return counted["weight_bytes"] + counted["act_bytes"] + cache
 
 
+def memory_bytes(cfg: refmodel.ModelConfig, phase: str, batch: int, context: int) -> float:
+    """About the bytes measuring one point holds at once, from the cost model, before anything
+    is allocated: the working set (weights, activations, the cache) plus a second cache, the
+    filled or donated copy that exists beside it while the point is set up and timed."""
+    counted = costs.phase_costs(cfg, phase, batch, context)
+    ws = working_set_bytes(cfg, phase, batch, context, counted)
+    return ws + (ws - counted["weight_bytes"] - counted["act_bytes"])
+
+
 def prediction_inputs(peaks: dict) -> dict:
     """What a prediction needs from a peaks result (phases.json keeps exactly this): roofs,
     cache capacities, the working-set curve ending at main memory's read roof, the per-call

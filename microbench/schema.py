@@ -159,6 +159,19 @@ def upgrade(obj) -> dict:
     return obj
 
 
+def read_result(path) -> dict:
+    """Read (files.read_json: size and depth limits) and validate a result file; every error
+    is one ValueError line that starts with the file's path."""
+    from microbench.files import read_json
+
+    try:
+        return validate_result(read_json(path))
+    except ValueError as e:
+        message = str(e)
+        raise ValueError(message if message.startswith(str(path)) else f"{path}: {message}") \
+            from None
+
+
 def validate_result(obj) -> dict:
     """Upgrade an older results object (`upgrade`), then check it against the schema; raise
     ValueError naming the bad field."""

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import refmodel
 from microbench import harness, sweeps
+from microbench.files import output_set
 from microbench.points import make_probe, prediction_inputs
 from microbench.schema import KIND_PHASES, SCHEMA_VERSION, validate_result
 from microbench.summary import draw
@@ -51,11 +52,15 @@ def measure_phases(plan: sweeps.PhasePlan, peaks: dict, quick: bool, out_dir,
 
 
 def run(quick: bool, out_dir, peer: bool = True, progress: bool = True) -> dict:
-    """The whole main job; returns {"peaks", "phases", "files"}."""
+    """The whole main job; returns {"peaks", "phases", "files"}. Every file of the run is
+    written as one set (files.output_set): out_dir is checked before anything is measured,
+    and an interrupted run leaves out_dir as it was."""
     from microbench.peaks import measure_peaks
 
-    peaks = measure_peaks(quick, out_dir, progress=progress)
-    plan = sweeps.quick_plan() if quick else sweeps.PhasePlan()
-    phases = measure_phases(plan, peaks, quick, out_dir, report=not quick, peer=peer,
-                            progress=progress)
-    return {"peaks": peaks, "phases": phases, "files": draw(out_dir)}
+    with output_set(out_dir) as tmp:
+        peaks = measure_peaks(quick, tmp, progress=progress)
+        plan = sweeps.quick_plan() if quick else sweeps.PhasePlan()
+        phases = measure_phases(plan, peaks, quick, tmp, report=not quick, peer=peer,
+                                progress=progress)
+        files = [Path(out_dir) / p.relative_to(tmp) for p in draw(tmp)]
+    return {"peaks": peaks, "phases": phases, "files": files}

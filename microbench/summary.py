@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from microbench import plots
-from microbench.files import write_text_atomic
+from microbench.files import output_set, write_text_atomic
 from microbench.plots import fmt_si
 from microbench.roofline import BAND
 from microbench.schema import point_sweeps
@@ -98,15 +98,13 @@ def summary_markdown(peaks: dict, phases: dict) -> str:
 
 def draw(out_dir, data_dir=None) -> list[Path]:
     """Every figure (plots.draw_all) and summary.md from saved peaks.json and phases.json (in
-    data_dir, default out_dir)."""
+    data_dir, default out_dir), written into out_dir as one set (files.output_set)."""
     peaks, phases = plots.load_saved(data_dir or out_dir)
-    out = Path(out_dir)
-    written = plots.draw_all(out, peaks, phases)
-    if phases is not None:
-        summary = out / "summary.md"
-        write_text_atomic(summary, summary_markdown(peaks, phases))
-        written.append(summary)
-    return written
+    with output_set(out_dir) as tmp:
+        written = plots.draw_all(tmp, peaks, phases)
+        if phases is not None:
+            written.append(write_text_atomic(tmp / "summary.md", summary_markdown(peaks, phases)))
+    return [Path(out_dir) / p.relative_to(tmp) for p in written]
 
 
 def moment_factor(point: dict, key: str, roof_value: float) -> float:

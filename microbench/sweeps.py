@@ -22,7 +22,7 @@ from collections.abc import Iterable
 
 import refmodel
 from microbench import hardware, roofline
-from microbench.points import Budget, measure_point
+from microbench.points import Budget, measure_point, memory_bytes
 from refmodel import attention, costs, counting
 
 DENSE = refmodel.ModelConfig.attention  # the config's default kind: the batch sweep's dense
@@ -127,6 +127,14 @@ def jobs(plan: PhasePlan) -> list[Job]:
     out = [Job(tuple(j["sweeps"]), v, phase, b, j["context"])
            for (v, phase, b, _), j in shared.items()]
     return sorted(out, key=lambda j: order[j.variant])
+
+
+def plan_memory(plan: PhasePlan) -> tuple[float, Job]:
+    """(bytes, job) of the plan's point that needs the most memory (`points.memory_bytes`),
+    so a plan too big for the machine is refused before anything is allocated."""
+    cfgs = {v: config(plan, v) for v in {job.variant for job in jobs(plan)}}
+    return max(((memory_bytes(cfgs[job.variant], job.phase, job.batch, job.context), job)
+                for job in jobs(plan)), key=lambda t: t[0])
 
 
 def measure(plan: PhasePlan, peaks: dict | None, progress: bool = True,

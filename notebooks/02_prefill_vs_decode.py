@@ -165,14 +165,15 @@ print("prefill intensity: below 2T/s, as the GEMM formula says")
 # First this machine's roofs, quickly (`microbench.peaks.quick_roofs`): one round of the main
 # roofs (`microbench.rounds`) on a main-memory array of max(1 GiB, 16 x the last-level cache)
 # (quick mode: 256 MiB, at least 8x the last-level cache, so up to an eighth of it may still be
-# cached and the memory roofs read a little high): XLA's float32 GEMM, read and in-place scale beside numpy's matmul and a C read, scale and
-# triad on every core. Each roof is the program that reached the most, named beside its value;
-# what XLA alone reaches is kept as the compiler level. Then
-# `measure_point` times each compiled phase and places it beside its counted cost and its
+# cached and the memory roofs read a little high): XLA's float32 GEMM, read and in-place scale
+# beside numpy's matmul and a C read, scale and triad on every core. Each roof is the program that
+# reached the most, named beside its value; what XLA alone reaches is kept as the compiler level.
+# Then `measure_point` times each compiled phase and places it beside its counted cost and its
 # roofline prediction $t = \max(\text{FLOPs}/P,\ \text{bytes}/\beta)$.
 
 # %%
-PEAKS = peaks.quick_roofs(512 if QUICK else 2048, array_bytes=256 << 20 if QUICK else None,
+PEAKS = peaks.quick_roofs(512 if QUICK else 2048,
+                         array_bytes=256 << 20 if QUICK else None,  # quick: >= 8x LLC
                          budget_s=TIMING.budget_s, min_samples=TIMING.min_samples)
 for r in PEAKS["roofs"]["compute"] + PEAKS["roofs"]["memory"]:
     print(f"{r['name']}: {plots.fmt_si(r['value'], 'FLOP/s' if r['kind'] == 'compute' else 'B/s')}"

@@ -92,7 +92,8 @@ print({name: round(row[16] / row[1], 2) for name, row in counted.items()})
 # notebook 02; quick mode on a 256 MiB array), then `measure_point` at each batch.
 
 # %%
-PEAKS = peaks.quick_roofs(512 if QUICK else 2048, array_bytes=256 << 20 if QUICK else None,
+PEAKS = peaks.quick_roofs(512 if QUICK else 2048,
+                         array_bytes=256 << 20 if QUICK else None,  # quick: >= 8x LLC
                          budget_s=TIMING.budget_s, min_samples=TIMING.min_samples)
 phases = refmodel.Phases(refmodel.init(cfg, seed=0))
 points = []

@@ -11,12 +11,14 @@ rather than loosened in a test):
 - Elementwise work. The analytic constants (softmax, norms, RoPE, activations, gates) are the
   HLO elementwise ops each function executes; exp, tanh, rsqrt and the like are what XLA calls
   `transcendentals` and are kept out of FLOPs on both sides. What remains are a few FLOPs per
-  row (the mean's divide in a norm, mask compares on [T, S], the integer position arithmetic,
-  a cumulative sum over the experts) that the model leaves out: well under 1% here. XLA also
-  fuses a cheap elementwise producer into each of its consumers and counts it in each: the
-  producer of a norm's sum of squares is counted twice (Mamba-2's gated RMSNorm recomputes
-  the skip, the gate and the conv's bias and silu: +1.3% on its decode_attention).
-- Gathers (embedding, KV ring writes, MoE dispatch) and top-k: 0 FLOPs on both sides.
+  row (the mean's divide in a norm, mask compares on [B, T, S] as positions are per sequence,
+  the integer position arithmetic, a cumulative sum over the experts) that the model leaves
+  out: well under 1% here. XLA also fuses a cheap elementwise producer into each of its
+  consumers and counts it in each: the producer of a norm's sum of squares is counted twice
+  (Mamba-2's gated RMSNorm recomputes the skip, the gate and the conv's bias and silu: +1.3%
+  on its decode_attention).
+- Gathers and scatters (embedding, KV writes at each row's own position, KV ring writes, MoE
+  dispatch) and top-k: 0 FLOPs on both sides.
 - MoE experts. `MoE.grouped_experts` runs each expert on its own rows in a `fori_loop` of
   ceil(rows / tile) trips of `tile` rows; XLA counts a loop body once whatever its trip count,
   so it sees every one of the E experts run on exactly one tile: E x tile rows of expert FFN

@@ -15,6 +15,7 @@ The kind "none" skips a mixer or an FFN (Nemotron-H's separate Mamba, attention 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 FFN_KINDS = ("dense", "moe", "none")
@@ -109,8 +110,15 @@ class ModelConfig:
     def __post_init__(self):
         from refmodel import attention  # late import: the variants import this module
 
-        for f in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff"):
+        for f in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
+                  "max_position"):
             positive(f, getattr(self, f))
+        for f in (f.name for f in dataclasses.fields(self) if isinstance(f.default, bool)):
+            if not isinstance(getattr(self, f), bool):
+                raise ValueError(f"{f}={getattr(self, f)!r} must be True or False")
+        if not isinstance(self.name, str):
+            raise ValueError(f"name={self.name!r} must be a string")
+        self._check_numbers()
         if self.head_dim is not None:
             positive("head_dim", self.head_dim)
         elif self.d_model % self.n_heads:
@@ -130,6 +138,7 @@ class ModelConfig:
         one_of("router_score", self.router_score, ROUTER_SCORES)
         one_of("dtype", self.dtype, DTYPES)
         self._check_patterns()
+        non_negative("first_dense_layers", self.first_dense_layers)
         if not 0 <= self.first_dense_layers <= self.n_layers:
             raise ValueError(
                 f"first_dense_layers={self.first_dense_layers} must be in [0, n_layers="
@@ -137,20 +146,35 @@ class ModelConfig:
             )
         if "moe" in self.layer_ffns:
             positive("n_experts", self.n_experts)
+            positive("top_k", self.top_k)
             if not 1 <= self.top_k <= self.n_experts:
                 raise ValueError(
                     f"top_k={self.top_k} must be in [1, n_experts={self.n_experts}]"
                 )
-            if self.n_shared_experts < 0:
-                raise ValueError(f"n_shared_experts={self.n_shared_experts} must be >= 0")
-        if not 0 < self.rope_fraction <= 1:
-            raise ValueError(f"rope_fraction={self.rope_fraction} must be in (0, 1]")
-        if self.position == "rope" and self.rotary_dim % 2:
+            non_negative("n_shared_experts", self.n_shared_experts)
+        if self.d_ff_expert is not None:
+            positive("d_ff_expert", self.d_ff_expert)
+        if self.position == "rope" and (self.rotary_dim % 2 or self.rotary_dim == 0):
             raise ValueError(
-                f"rope_fraction={self.rope_fraction} x head_dim={self.head_size} gives an odd "
-                f"rotary dim {self.rotary_dim}; it must be even"
+                f"rope_fraction={self.rope_fraction} x head_dim={self.head_size} gives a "
+                f"rotary dim of {self.rotary_dim}; it must be even and at least 2"
             )
         attention.validate(self)  # each variant in use checks the fields it reads
+
+    def _check_numbers(self):
+        """The float fields: a sign, a zero, a NaN or an infinity here gives NaN logits,
+        logits that are all zero, or attention that is silently uniform."""
+        finite_above("norm_eps", self.norm_eps, 0, "a finite number > 0 (1e-6 in Llama)")
+        finite_above("rope_theta", self.rope_theta, 1,
+                     "a finite number > 1, the RoPE base (10000 in Llama 2)")
+        if not (number(self.rope_fraction) and 0 < self.rope_fraction <= 1):
+            raise ValueError(f"rope_fraction={self.rope_fraction!r} must be in (0, 1]")
+        for f, allowed in (("attn_softcap", "None or a finite cap > 0 (50 in Gemma 2)"),
+                           ("final_softcap", "None or a finite cap > 0 (30 in Gemma 2)"),
+                           ("query_scale", "None or a finite number > 0 (softmax scale "
+                                           "query_scale**-0.5; None: head_dim)")):
+            if getattr(self, f) is not None:
+                finite_above(f, getattr(self, f), 0, allowed)
 
     def _check_patterns(self):
         from refmodel import attention
@@ -164,6 +188,7 @@ class ModelConfig:
                 )
             for kind in self.layer_pattern:
                 one_of("layer_pattern", kind, allowed)
+            longer_than_layers("layer_pattern", self.layer_pattern, self.n_layers)
         if self.ffn_pattern is not None:
             if not isinstance(self.ffn_pattern, tuple) or not self.ffn_pattern:
                 raise ValueError(
@@ -171,6 +196,7 @@ class ModelConfig:
                 )
             for kind in self.ffn_pattern:
                 one_of("ffn_pattern", kind, FFN_KINDS)
+            longer_than_layers("ffn_pattern", self.ffn_pattern, self.n_layers)
 
     # Derived values --------------------------------------------------------------------------
 
@@ -217,6 +243,29 @@ class ModelConfig:
 def positive(field: str, value) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"{field}={value!r} must be a positive integer")
+
+
+def non_negative(field: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{field}={value!r} must be an integer >= 0")
+
+
+def number(value) -> bool:
+    """A real number (int or float, not bool), possibly NaN or infinite."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def finite_above(field: str, value, low: float, allowed: str) -> None:
+    if not (number(value) and math.isfinite(value) and value > low):
+        raise ValueError(f"{field}={value!r} is not allowed; it must be {allowed}")
+
+
+def longer_than_layers(field: str, pattern: tuple, n_layers: int) -> None:
+    if len(pattern) > n_layers:
+        raise ValueError(
+            f"{field}={pattern!r} has {len(pattern)} kinds but n_layers={n_layers}: the "
+            f"last {len(pattern) - n_layers} would never run; give at most n_layers kinds"
+        )
 
 
 def one_of(field: str, value, allowed) -> None:

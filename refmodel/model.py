@@ -3,11 +3,14 @@
 A pre-norm decoder in the style of GPT-2 / Llama (Radford et al. 2019; Touvron et al. 2023):
 each block adds its mixer's output (an attention variant from the registry, or nothing) and
 then its FFN's output (dense, MoE, or nothing) to the residual stream. The per-layer caches
-live in one explicit immutable pytree, `Cache`, passed in and returned; the position of the
-next token is a field of that pytree, advanced by the caller of the layers, never by a layer.
+live in one explicit immutable pytree, `Cache`, passed in and returned; the position of each
+sequence's next token ([B]: rows may sit at different positions) is a field of that pytree,
+advanced by the caller of the layers, never by a layer.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -21,10 +24,14 @@ from refmodel.moe import MoE
 
 @struct.dataclass
 class Cache:
-    """Every layer's cache plus the number of tokens already processed."""
+    """Every layer's cache plus the number of tokens each sequence has already processed.
+
+    `pos` is per sequence, so the rows of a batch may sit at different positions (continuous
+    batching): caches of single sequences stack row-wise along axis 0 of every leaf. A scalar
+    `pos` (one position shared by the batch) is still accepted by the model."""
 
     layers: tuple  # one variant cache (or None for a layer without a mixer) per layer
-    pos: jax.Array  # int32 []: position of the next token
+    pos: jax.Array  # int32 [B]: position of each sequence's next token
     max_len: int | None = struct.field(pytree_node=False, default=None)  # None: unbounded
 
 
@@ -80,12 +87,16 @@ class Transformer(nnx.Module):
             self.lm_head = param(rngs, (D, V), D, dtype)  # [D, V]
 
     def embed_tokens(self, tokens: jax.Array, start: jax.Array) -> jax.Array:
-        """tokens int32 [B, T] -> x [B, T, D]."""
+        """tokens int32 [B, T] from position start (int32 scalar or [B]) -> x [B, T, D]."""
         with jax.named_scope("embed"):
             x = self.embed(tokens)
             if self.cfg.position == "learned":
-                pos = jax.lax.dynamic_slice_in_dim(self.pos_embed[...], start, tokens.shape[1])
-                x = x + pos[None]
+                T, table = tokens.shape[1], self.pos_embed[...]  # [P, D]
+                if jnp.ndim(start) == 0:
+                    x = x + jax.lax.dynamic_slice_in_dim(table, start, T)[None]  # [1, T, D]
+                else:  # each row from its own start, clamped as the slice is
+                    x = x + jnp.take(table, start[:, None] + jnp.arange(T), axis=0,
+                                     mode="clip")  # [B, T, D]
         return x
 
     def head(self, x: jax.Array) -> jax.Array:
@@ -134,5 +145,45 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int) -> Cache:
         cls = attention.get(kind)
         layers.append(cls.init_cache(cfg, kind, batch, max_len))
         bounded |= cls.capacity_bound
-    return Cache(layers=tuple(layers), pos=jnp.zeros((), jnp.int32),
+    return Cache(layers=tuple(layers), pos=jnp.zeros((batch,), jnp.int32),
                  max_len=max_len if bounded else None)
+
+
+def check_cache(cfg: ModelConfig, cache, batch: int, name: str = "cache") -> None:
+    """Raise ValueError unless `cache` is one `init_cache(cfg, batch, ...)` would make: a
+    `Cache` whose every layer holds this model's variant cache, with the same shapes and dtypes
+    (so `batch` rows). Checked on the host from shapes alone; nothing is computed."""
+    if not isinstance(cache, Cache):
+        raise ValueError(f"{name} must be a Cache from refmodel.init_cache(cfg, batch, max_len), "
+                         f"got {type(cache).__name__}")
+    pos_shape = tuple(jnp.shape(cache.pos))
+    if pos_shape not in ((), (batch,)):
+        raise ValueError(f"{name} holds {pos_shape[0]} sequences ({name}.pos has shape "
+                         f"{pos_shape}) but the tokens have batch {batch}; allowed: tokens of "
+                         f"batch {pos_shape[0]}, or init_cache(cfg, {batch}, ...)")
+    want = _cache_shapes(cfg, batch, cache.max_len or 1)
+    if len(cache.layers) != len(want.layers):
+        raise ValueError(f"{name} holds {len(cache.layers)} layers; this model has "
+                         f"n_layers={cfg.n_layers}: make it with init_cache(model.cfg, ...)")
+    for i, (got, exp) in enumerate(zip(cache.layers, want.layers, strict=True)):
+        if type(got) is not type(exp):
+            raise ValueError(
+                f"{name}.layers[{i}] is a {type(got).__name__}, but layer {i} of this model "
+                f"({cfg.layer_kinds[i]!r}) needs a {type(exp).__name__}: make the cache with "
+                "init_cache(model.cfg, ...)")
+        leaves = jax.tree_util.tree_leaves_with_path(got)
+        for (path, a), b in zip(leaves, jax.tree.leaves(exp), strict=True):
+            where = f"{name}.layers[{i}]{jax.tree_util.keystr(path)}"
+            if a.shape[1:] == b.shape[1:] and a.shape[:1] != b.shape[:1] and a.ndim > 1:
+                raise ValueError(f"{name} holds {a.shape[0]} sequences ({where} has shape "
+                                 f"{tuple(a.shape)}) but the tokens have batch {batch}; allowed: "
+                                 f"tokens of batch {a.shape[0]}, or init_cache(cfg, {batch}, ...)")
+            if a.shape != b.shape or a.dtype != b.dtype:
+                raise ValueError(f"{where} is {a.dtype} {tuple(a.shape)}; this model's cache for "
+                                 f"batch {batch} has {b.dtype} {tuple(b.shape)}: make it with "
+                                 "init_cache(model.cfg, ...)")
+
+
+@functools.lru_cache(maxsize=64)
+def _cache_shapes(cfg: ModelConfig, batch: int, max_len: int) -> Cache:
+    return jax.eval_shape(lambda: init_cache(cfg, batch, max_len))

@@ -134,7 +134,8 @@ class Phases:
             return self.state, self.hidden(batch, seed)
         if phase not in ("decode", "decode_attention"):
             raise ValueError(f"phase={phase!r} is not one of {PHASES}")
-        cache = init_cache(cfg, batch, context + 1).replace(pos=jnp.asarray(context, jnp.int32))
+        cache = init_cache(cfg, batch, context + 1)
+        cache = cache.replace(pos=jnp.full((batch,), context, jnp.int32))  # every row at context
         if fill:
             cache = cache.replace(layers=jax.tree.map(lambda a: _random_like(a, rng),
                                                       cache.layers))

@@ -103,9 +103,10 @@ def test_matches_window_oracle_past_wrap_around():
     assert_close(got, want)
     for a, b in zip(jax.tree.leaves(chunked), jax.tree.leaves(one_shot), strict=True):
         assert_close(a, b)
-    # the ring holds the last W positions, each in slot position mod W
-    np.testing.assert_array_equal(np.asarray(cache.pos) % W, np.arange(W))
-    np.testing.assert_array_equal(np.sort(np.asarray(cache.pos)), np.arange(T - W, T))
+    # every row's ring holds the last W positions, each in slot position mod W
+    for pos in np.asarray(cache.pos):  # [B, W]
+        np.testing.assert_array_equal(pos % W, np.arange(W))
+        np.testing.assert_array_equal(np.sort(pos), np.arange(T - W, T))
 
 
 def test_window_covering_the_sequence_equals_gqa():
@@ -152,7 +153,7 @@ def test_cache_shape_does_not_grow_with_max_len():
     K, H = cfg.n_kv_heads, cfg.head_size
     ring = small.layers[0]
     assert isinstance(ring, RingCache)
-    assert (ring.k.shape, ring.v.shape, ring.pos.shape) == ((2, K, W, H),) * 2 + ((W,),)
+    assert (ring.k.shape, ring.v.shape, ring.pos.shape) == ((2, K, W, H),) * 2 + ((2, W),)
     assert ring.pos.dtype == jnp.int32
 
 

@@ -115,7 +115,10 @@ def blockwise_size(cfg) -> int:
         if key not in sizes:
             sizes[key] = tree_size(lambda i=i: Block(cfg, i, rngs=nnx.Rngs(0)))
     blocks = sum(sizes[key] for key in zip(cfg.layer_kinds, cfg.layer_ffns, strict=True))
-    one = cfg.replace(n_layers=1, first_dense_layers=min(cfg.first_dense_layers, 1))
+    # a one-layer shell: its pattern cut to its one layer (a longer pattern is refused)
+    one = cfg.replace(n_layers=1, first_dense_layers=min(cfg.first_dense_layers, 1),
+                      layer_pattern=cfg.layer_pattern and cfg.layer_pattern[:1],
+                      ffn_pattern=cfg.ffn_pattern and cfg.ffn_pattern[:1])
     shell = whole_model_size(one) - tree_size(lambda: Block(one, 0, rngs=nnx.Rngs(0)))
     return shell + blocks
 

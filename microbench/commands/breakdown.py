@@ -50,6 +50,14 @@ def check_args(args) -> None:
         raise ValueError(f"--model {args.model!r}: {need / 1e9:.0f} GB of weights does not "
                          f"fit half of this machine's {have / 1e9:.0f} GB; real presets are "
                          "counted, not run: `python -m refmodel costs --preset NAME`")
+    from microbench.commands.phases import available_memory, fmt_bytes
+    from microbench.points import memory_bytes
+
+    need, have = memory_bytes(cfg, args.phase, args.batch, args.context), available_memory()
+    if need > have:
+        raise ValueError(f"--batch {args.batch} --context {args.context}: {args.phase} needs "
+                         f"about {fmt_bytes(need)} of memory (weights, cache and activations), "
+                         f"more than the {fmt_bytes(have)} this machine has available")
 
 
 def config(args):
@@ -68,18 +76,21 @@ def config(args):
 
 def run(args) -> int:
     from microbench.breakdown import format_table, measure_breakdown
+    from microbench.files import output_set
     from microbench.points import Budget
 
     t0 = time.perf_counter()
     check_args(args)
-    result = measure_breakdown(config(args), args.phase, args.batch, args.context,
-                               calls=args.calls, timing=Budget(budget_s=args.budget),
-                               out=args.out)
-    print(format_table(result))
-    wrote = [f"{args.out}/breakdown.json"]
-    if not args.no_plot:
-        from microbench.plots.breakdown import save_breakdown_figure
+    with output_set(args.out) as out:  # breakdown.json and .png: one set
+        result = measure_breakdown(config(args), args.phase, args.batch, args.context,
+                                   calls=args.calls, timing=Budget(budget_s=args.budget),
+                                   out=out)
+        wrote = [Path(args.out) / "breakdown.json"]
+        if not args.no_plot:
+            from microbench.plots.breakdown import save_breakdown_figure
 
-        wrote.append(str(save_breakdown_figure(result, Path(args.out) / "breakdown.png")))
-    print(f"wrote {', '.join(wrote)} in {time.perf_counter() - t0:.0f} s")
+            save_breakdown_figure(result, out / "breakdown.png")
+            wrote.append(Path(args.out) / "breakdown.png")
+    print(format_table(result))
+    print(f"wrote {', '.join(map(str, wrote))} in {time.perf_counter() - t0:.0f} s")
     return 0

@@ -3,14 +3,29 @@
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
 import os
 import time
 from pathlib import Path
 
 
 def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(v) for v in text.split(","))
+    """"1,2,4" -> (1, 2, 4); a whole number may be written 1e3 (then checked like any other)."""
+    import argparse
+
+    out = []
+    for v in text.split(","):
+        try:
+            out.append(int(v))
+        except ValueError:
+            try:
+                f = float(v)
+            except ValueError:
+                f = math.nan
+            if not f.is_integer():
+                raise argparse.ArgumentTypeError(f"{v.strip()!r} is not a whole number") from None
+            out.append(int(f))
+    return tuple(out)
 
 
 def jnp_itemsize(dtype: str) -> int:
@@ -36,12 +51,13 @@ def add_args(p) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def _peaks(args, parser_error) -> dict:
-    from microbench.schema import KIND_PEAKS, validate_result
+def _peaks(args, parser_error, out_dir) -> dict:
+    """The saved peaks (--peaks, else OUT/peaks.json), or quick ones measured into out_dir."""
+    from microbench.schema import KIND_PEAKS, read_result
 
     path = Path(args.peaks) if args.peaks else Path(args.out) / "peaks.json"
     if path.exists():
-        result = validate_result(json.loads(path.read_text()))
+        result = read_result(path)
         if result["kind"] != KIND_PEAKS:
             parser_error(f"--peaks {path}: kind {result['kind']!r}, expected {KIND_PEAKS!r}")
         return result
@@ -49,7 +65,7 @@ def _peaks(args, parser_error) -> dict:
         parser_error(f"--peaks {path}: no such file")
     from microbench.peaks import measure_peaks
 
-    return measure_peaks(True, args.out, progress=not args.no_progress)
+    return measure_peaks(True, out_dir, progress=not args.no_progress)
 
 
 def plan_from_args(args, parser_error):
@@ -84,30 +100,52 @@ def plan_from_args(args, parser_error):
             if min(value if isinstance(value, tuple) else (value,)) <= 0:
                 parser_error(f"--{field.replace('_', '-')} {value}: must be positive")
             changes[field] = value
-    return dataclasses.replace(plan, **changes)
+    plan = dataclasses.replace(plan, **changes)
+    need, job = sweeps.plan_memory(plan)
+    have = available_memory()
+    if need > have:
+        parser_error(f"--batches/--contexts/--prefill-len: the largest point ({job.variant} "
+                     f"{job.phase}, batch {job.batch}, context {job.context}) needs about "
+                     f"{fmt_bytes(need)} of memory (weights, cache and activations), more than "
+                     f"the {fmt_bytes(have)} this machine has available")
+    return plan
+
+
+def available_memory() -> float:
+    """Bytes a run may allocate: MemAvailable, else the physical memory."""
+    from microbench import sysinfo
+
+    have = sysinfo.mem_available_bytes()
+    return have if have else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def fmt_bytes(n: float) -> str:
+    return f"{n / 1e9:.3g} GB" if n < 1e15 else f"{n:.2e} bytes"
 
 
 def run(args) -> int:
-    import argparse
-
     from microbench import harness, suite, summary
+    from microbench.files import output_set, printable_lines
     from microbench.report import measure_report
 
-    def parser_error(message):
-        raise SystemExit(argparse.ArgumentParser(prog="python -m microbench phases").error(message))
+    def parser_error(message):  # one line from the command line's error handler (cli.main)
+        raise ValueError(message)
 
     t0 = time.perf_counter()
     plan = plan_from_args(args, parser_error)
-    peaks = _peaks(args, parser_error)
+    with output_set(args.out) as out:  # the quick peaks it may measure and its results: one set
+        peaks = _peaks(args, parser_error, out)
+        if args.report:
+            rep = measure_report(peaks, peer=not args.no_peer)
+            rep["environment"] = harness.environment()
+            harness.write_json_atomic(out / "report.json", rep)
+        else:
+            result = suite.measure_phases(plan, peaks, args.quick, out,
+                                          progress=not args.no_progress)
     if args.report:
-        rep = measure_report(peaks, peer=not args.no_peer)
-        rep["environment"] = harness.environment()
-        harness.write_json_atomic(Path(args.out) / "report.json", rep)
-        print(summary.format_report(rep))
+        print(printable_lines(summary.format_report(rep)))
         print(f"wrote {args.out}/report.json in {time.perf_counter() - t0:.0f} s")
         return 0
-    result = suite.measure_phases(plan, peaks, args.quick, args.out,
-                                  progress=not args.no_progress)
-    print(summary.summary_markdown(peaks, result))
+    print(printable_lines(summary.summary_markdown(peaks, result)))  # names from --peaks
     print(f"wrote {args.out}/phases.json in {time.perf_counter() - t0:.0f} s")
     return 0

@@ -15,6 +15,8 @@ def add_args(p) -> None:
 
 def run(args) -> int:
     from microbench import plots
+    from microbench.files import check_writable_dir
 
+    check_writable_dir(args.out)  # before reading and drawing: a bad --out fails first
     print(f"wrote {plots.plot_files(args.results, args.out, args.figure)}")
     return 0

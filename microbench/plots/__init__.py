@@ -18,7 +18,6 @@ data and listing it in FIGURES. `draw_all` is what `python -m microbench figures
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from microbench.plots.hierarchy import hierarchy_figure
 from microbench.plots.points import gap_figure, phases_roofline_figure
 from microbench.plots.roofline import roofline_figure
 from microbench.plots.sweeps import batch_figure, crossover_figure, kv_figure, throughput_figure
-from microbench.schema import validate_result
+from microbench.schema import read_result
 
 FIGURES = {"roofline": roofline_figure, "hierarchy": hierarchy_figure,
            "phases_roofline": phases_roofline_figure,
@@ -52,10 +51,9 @@ def plot_files(paths: Sequence[str | Path], out_dir: str | Path,
 def load_saved(data_dir: str | Path) -> tuple[dict, dict | None]:
     """(peaks, phases or None) from data_dir/peaks.json and data_dir/phases.json, validated."""
     data = Path(data_dir)
-    peaks = validate_result(json.loads((data / "peaks.json").read_text()))
+    peaks = read_result(data / "peaks.json")
     phases_file = data / "phases.json"
-    phases = validate_result(json.loads(phases_file.read_text())) if phases_file.exists() \
-        else None
+    phases = read_result(phases_file) if phases_file.exists() else None
     return peaks, phases
 
 

@@ -12,7 +12,6 @@ microbench.plots.breakdown breakdown.json [out.png]` redraws a saved result.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -23,6 +22,7 @@ import matplotlib
 matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
 
+from microbench.files import read_json  # noqa: E402
 from microbench.schema import KIND_BREAKDOWN  # noqa: E402
 
 FLOP_BOUND_INTENSITY = 8.0  # FLOP/byte above which an op is labelled by GFLOP/s, not GB/s
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     src = Path(argv[0])
     out = Path(argv[1]) if len(argv) == 2 else src.with_suffix(".png")
-    print(save_breakdown_figure(json.loads(src.read_text()), out))
+    print(save_breakdown_figure(read_json(src), out))
     return 0
 
 

@@ -10,7 +10,6 @@ vendor or theoretical roofs dashed, measured roofs solid with their p10-p90 spre
 from __future__ import annotations
 
 import functools
-import json
 import os
 import tempfile
 from collections.abc import Sequence
@@ -23,7 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from microbench.files import readable  # noqa: E402
-from microbench.schema import validate_result  # noqa: E402
+from microbench.schema import read_result  # noqa: E402
 
 RC = {"font.size": 12, "axes.titlesize": 14, "axes.labelsize": 13, "legend.fontsize": 9.5,
       "xtick.labelsize": 11, "ytick.labelsize": 11, "lines.linewidth": 2.0,
@@ -74,8 +73,8 @@ def save(fig: Figure, path: str | Path) -> Path:
 
 
 def load_results(paths: Sequence[str | Path]) -> list[dict]:
-    """Parse, upgrade and validate result files (schema.validate_result)."""
-    return [validate_result(json.loads(Path(p).read_text())) for p in paths]
+    """Read, upgrade and validate result files (schema.read_result: errors name the file)."""
+    return [read_result(p) for p in paths]
 
 
 def colors(n_results: int):

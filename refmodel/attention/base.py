@@ -5,8 +5,12 @@ A variant is a Flax NNX module registered under one or more kinds (`@register("g
     layer = cls(cfg, kind=kind, rngs=rngs)
     y, cache = layer(x, start, cache)   # x [B, T, D] -> y [B, T, D]
 
-- `start` is the absolute position of x's first token (an int32 scalar, traced under jit);
-  token t of x sits at position start + t.
+- `start` is the absolute position of x's first token, traced under jit: an int32 scalar
+  shared by the batch, or int32 [B], one per sequence (continuous batching: rows at their own
+  positions); token t of row b sits at position start + t (start[b] + t). Every row takes the
+  same T tokens per call. A scalar keeps the plain path (one slice write, masks [T, S] over a
+  full cache); a [B] start writes each row's cache at its own offset and masks per row
+  ([B, T, S]), as the sliding ring always does (its slots' positions are per row, [B, W]).
 - `cache` is the variant's own immutable pytree from `cls.init_cache(cfg, kind, batch,
   max_len)`, returned updated; `cache=None` means no cache at all: the layer attends causally
   within x alone (start must then be 0). This is the `forward` path the golden test compares

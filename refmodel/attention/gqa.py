@@ -24,7 +24,9 @@ from refmodel.attention.common import (
     SINK_FLOPS,
     attend,
     causal_mask,
+    positions_of,
     rope,
+    write_at,
 )
 from refmodel.config import ModelConfig
 from refmodel.counting import Cost, Dtypes, matmul
@@ -78,7 +80,8 @@ class GroupedQueryAttention(AttentionLayer):
     # The three steps, reused by the sliding-window and sparse variants ----------------------
 
     def project(self, x: jax.Array, positions: jax.Array):
-        """x [B, T, D] -> q [B, T, K, G, H], k and v [B, K, T, H], with RoPE and norms."""
+        """x [B, T, D] -> q [B, T, K, G, H], k and v [B, K, T, H], with RoPE and norms
+        (positions [T], or [B, T] for a position per sequence)."""
         cfg = self.cfg
         B, T, _ = x.shape
         N, K, H = cfg.n_heads, self.K, cfg.head_size
@@ -114,21 +117,16 @@ class GroupedQueryAttention(AttentionLayer):
         return attend(q, k, v, mask, self.cfg.softmax_scale, self.cfg.attn_softcap, sinks)
 
     def __call__(self, x: jax.Array, start: jax.Array, cache: KVCache | None):
-        T = x.shape[1]
-        positions = start + jnp.arange(T, dtype=jnp.int32)  # [T]
+        positions = positions_of(start, x.shape[1])  # [T], or [B, T] for a start per row
         q, k, v = self.project(x, positions)
         if cache is None:
             o = self.core(q, k, v, causal_mask(positions, positions))
             return self.output(x, o), None
-        with jax.named_scope("kv_write"):
-            idx = (0, 0, start, 0)
-            cache = KVCache(
-                k=jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), idx),
-                v=jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), idx),
-            )
+        with jax.named_scope("kv_write"):  # each row's keys at its own start if start is [B]
+            cache = KVCache(k=write_at(cache.k, k, start, 2), v=write_at(cache.v, v, start, 2))
         k_pos = jnp.arange(cache.k.shape[2], dtype=jnp.int32)  # [S]
         o = self.core(q, cache.k.astype(q.dtype), cache.v.astype(q.dtype),
-                      causal_mask(positions, k_pos))
+                      causal_mask(positions, k_pos))  # mask [T, S] or [B, T, S]
         return self.output(x, o), cache
 
     @classmethod

@@ -215,7 +215,11 @@ class LinearAttention(AttentionLayer):
             return y.astype(dtype) @ self.out_proj[...]
 
     def __call__(self, x: jax.Array, start: jax.Array, cache: LinearCache | None):
-        """x [B, T, D] -> y [B, T, D]; `start` is unused: the state is the position."""
+        """x [B, T, D] -> y [B, T, D]; `start` is unused: the state is the position. Every
+        row's state and conv window are its own, so rows of a batch may sit at different
+        positions (a scalar or a [B] start alike), but all rows take the same T tokens per
+        call: a shorter row padded inside a chunk would decay and write its state with the
+        padding (ragged lengths would need per-row g = beta = 0 past each row's end)."""
         B, T, _ = x.shape
         N, K, H, P, Q, X = sizes(self.cfg)
         with jax.named_scope("qkv_proj"):

@@ -38,7 +38,8 @@ naive form for prefill and the absorbed form for decode; here one config runs on
 both, so each is counted and tested alone.
 
 Cache: `MLACache(latent [B, S, R], k_rope [B, S, Q])`, a full cache of max_len slots written at
-`start` and masked with `causal_mask` over arange(max_len), exactly as GQA.
+`start` (each row at its own if start is [B]) and masked with `causal_mask` over
+arange(max_len), exactly as GQA.
 """
 
 from __future__ import annotations
@@ -55,9 +56,11 @@ from refmodel.attention.common import (
     ROPE_FLOPS,
     attend,
     causal_mask,
+    positions_of,
     rope,
+    write_at,
 )
-from refmodel.config import ModelConfig, positive
+from refmodel.config import ModelConfig, non_negative, positive
 from refmodel.counting import Cost, Dtypes, matmul
 from refmodel.layers import NORM_FLOPS as _NORM_FLOPS
 from refmodel.layers import param
@@ -84,6 +87,7 @@ class MultiHeadLatentAttention(AttentionLayer):
     def validate(cls, cfg: ModelConfig, kind: str) -> None:
         for f in ("kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "v_head_dim"):
             positive(f, getattr(cfg, f))
+        non_negative("q_lora_rank", cfg.q_lora_rank)  # 0: no query compression
         if cfg.qk_rope_dim % 2:
             raise ValueError(f"qk_rope_dim={cfg.qk_rope_dim} must be even (RoPE pairs)")
         for f in cls.UNSUPPORTED:
@@ -160,7 +164,7 @@ class MultiHeadLatentAttention(AttentionLayer):
         with jax.named_scope("attn_scores"):
             s = jnp.einsum("BTNR,BSR->BNTS", q_lat, latent)  # [B, N, T, S]
             s = (s + jnp.einsum("BTNQ,BSQ->BNTS", q_rope, k_rope)) * self.scale
-            s = jnp.where(mask, s, NEG_INF)
+            s = jnp.where(mask[:, None] if mask.ndim == 3 else mask, s, NEG_INF)  # [B, 1, T, S]
         with jax.named_scope("attn_softmax"):
             p = jax.nn.softmax(s, axis=-1)
         with jax.named_scope("attn_values"):
@@ -169,24 +173,18 @@ class MultiHeadLatentAttention(AttentionLayer):
             return jnp.einsum("BTNR,RNU->BTNU", o_lat, w[..., P:])  # [B, T, N, U]
 
     def __call__(self, x: jax.Array, start: jax.Array, cache: MLACache | None):
-        T = x.shape[1]
-        positions = start + jnp.arange(T, dtype=jnp.int32)  # [T]
+        positions = positions_of(start, x.shape[1])  # [T], or [B, T] for a start per row
         q_nope, q_rope, latent, k_rope = self.project(x, positions)
         if cache is None:  # causal forward within x: the naive form
             o = self.naive(q_nope, q_rope, latent, k_rope, causal_mask(positions, positions))
         else:
-            with jax.named_scope("kv_write"):
-                dtype = cache.latent.dtype
-                cache = MLACache(
-                    latent=jax.lax.dynamic_update_slice(
-                        cache.latent, latent.astype(dtype), (0, start, 0)),
-                    k_rope=jax.lax.dynamic_update_slice(
-                        cache.k_rope, k_rope.astype(dtype), (0, start, 0)),
-                )
+            with jax.named_scope("kv_write"):  # each row at its own start if start is [B]
+                cache = MLACache(latent=write_at(cache.latent, latent, start, 1),
+                                 k_rope=write_at(cache.k_rope, k_rope, start, 1))
             k_pos = jnp.arange(cache.latent.shape[1], dtype=jnp.int32)  # [S]
             core = self.absorbed if self.cfg.mla_absorb else self.naive
             o = core(q_nope, q_rope, cache.latent.astype(x.dtype), cache.k_rope.astype(x.dtype),
-                     causal_mask(positions, k_pos))
+                     causal_mask(positions, k_pos))  # mask [T, S] or [B, T, S]
         with jax.named_scope("out_proj"):
             return jnp.einsum("BTNU,NUD->BTD", o, self.wo[...]), cache  # [B, T, D]
 

@@ -7,7 +7,9 @@ p - W + 1 .. p, so a layer never needs more than the last W keys: the cache is a
 slots, and the token at position p lives in slot p mod W.
 
 The ring keeps the ABSOLUTE position of every slot (`pos`, -1 = empty), so the mask is
-computed from positions, never from slot order, and stays right after the ring wraps.
+computed from positions, never from slot order, and stays right after the ring wraps. The
+positions are kept per sequence ([B, W]): rows of a batch may sit at different positions
+(continuous batching), each with its own ring.
 
 Two paths, chosen by the static chunk length T:
 - decode (T = 1): write the new key into its slot first (it overwrites position p - W, which
@@ -39,7 +41,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from refmodel.attention import register
-from refmodel.attention.common import causal_mask
+from refmodel.attention.common import causal_mask, positions_of
 from refmodel.attention.gqa import GroupedQueryAttention, gqa_costs, kv_heads
 from refmodel.config import ModelConfig, positive
 from refmodel.counting import Cost, Dtypes
@@ -52,19 +54,25 @@ RING_OPS = ("attn_scores", "attn_softmax", "attn_values")  # the ops whose keys 
 class RingCache:
     k: jax.Array  # [B, K, W, H]
     v: jax.Array  # [B, K, W, H]
-    pos: jax.Array  # int32 [W]: absolute position held by each slot, -1 = empty
+    pos: jax.Array  # int32 [B, W]: absolute position held by each slot, -1 = empty
 
 
 def ring_write(cache: RingCache, k: jax.Array, v: jax.Array, positions: jax.Array) -> RingCache:
-    """Write the last min(T, W) of k, v [B, K, T, H] at positions [T] into slots pos mod W."""
-    W, T = cache.pos.shape[0], k.shape[2]
+    """Write the last min(T, W) of k, v [B, K, T, H] at positions [T] (shared by the batch)
+    or [B, T] (per sequence) into each row's slots pos mod W."""
+    (B, W), T = cache.pos.shape, k.shape[2]
     n = min(T, W)  # static; the n positions are consecutive, so their slots are distinct
-    slots = positions[T - n:] % W  # [n]
-    return RingCache(
-        k=cache.k.at[:, :, slots].set(k[:, :, T - n:].astype(cache.k.dtype)),
-        v=cache.v.at[:, :, slots].set(v[:, :, T - n:].astype(cache.v.dtype)),
-        pos=cache.pos.at[slots].set(positions[T - n:]),
-    )
+    new = positions[..., T - n:]  # [n] or [B, n]
+    k, v = k[:, :, T - n:].astype(cache.k.dtype), v[:, :, T - n:].astype(cache.v.dtype)
+    if positions.ndim == 1:  # one slot list for every row
+        slots = new % W  # [n]
+        return RingCache(k=cache.k.at[:, :, slots].set(k), v=cache.v.at[:, :, slots].set(v),
+                         pos=cache.pos.at[:, slots].set(new))
+    rows, slots = jnp.arange(B)[:, None], new % W  # [B, 1], [B, n]
+    # cache.k[rows, :, slots] is [B, n, K, H]: the indexed axes first
+    return RingCache(k=cache.k.at[rows, :, slots].set(k.transpose(0, 2, 1, 3)),
+                     v=cache.v.at[rows, :, slots].set(v.transpose(0, 2, 1, 3)),
+                     pos=cache.pos.at[rows, slots].set(new))
 
 
 @register("sliding")
@@ -81,8 +89,8 @@ class SlidingWindowAttention(GroupedQueryAttention):
     capacity_bound = False
 
     def __call__(self, x: jax.Array, start: jax.Array, cache: RingCache | None):
-        T, W = x.shape[1], self.cfg.window
-        positions = start + jnp.arange(T, dtype=jnp.int32)  # [T]
+        (B, T, _), W = x.shape, self.cfg.window
+        positions = positions_of(start, T)  # [T], or [B, T] for a start per row
         q, k, v = self.project(x, positions)  # [B, T, K, G, H], [B, K, T, H] x 2
         if cache is None:
             o = self.core(q, k, v, causal_mask(positions, positions, W))
@@ -90,13 +98,14 @@ class SlidingWindowAttention(GroupedQueryAttention):
         if T == 1:  # decode: write first, then attend over the ring's W slots
             with jax.named_scope("kv_write"):
                 cache = ring_write(cache, k, v, positions)
-            keys, values, k_pos = cache.k, cache.v, cache.pos  # [B, K, W, H] x 2, [W]
+            keys, values, k_pos = cache.k, cache.v, cache.pos  # [B, K, W, H] x 2, [B, W]
         else:  # prefill: attend over old slots ++ the chunk, then write
             keys = jnp.concatenate([cache.k.astype(k.dtype), k], axis=2)  # [B, K, W + T, H]
             values = jnp.concatenate([cache.v.astype(v.dtype), v], axis=2)  # [B, K, W + T, H]
-            k_pos = jnp.concatenate([cache.pos, positions])  # [W + T]
+            k_pos = jnp.concatenate([cache.pos, jnp.broadcast_to(positions, (B, T))],
+                                    axis=1)  # [B, W + T]
         o = self.core(q, keys.astype(q.dtype), values.astype(q.dtype),
-                      causal_mask(positions, k_pos, W))  # [B, T, K, G, H]
+                      causal_mask(positions, k_pos, W))  # mask [B, T, S]; o [B, T, K, G, H]
         if T > 1:
             with jax.named_scope("kv_write"):
                 cache = ring_write(cache, k, v, positions)
@@ -108,7 +117,7 @@ class SlidingWindowAttention(GroupedQueryAttention):
         shape = (batch, kv_heads(cfg, kind), cfg.window, cfg.head_size)
         dtype = jnp.dtype(cfg.dtype)
         return RingCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
-                         pos=jnp.full((cfg.window,), -1, jnp.int32))
+                         pos=jnp.full((batch, cfg.window), -1, jnp.int32))
 
     # Costs ------------------------------------------------------------------------------------
 
@@ -117,8 +126,8 @@ class SlidingWindowAttention(GroupedQueryAttention):
                     dt: Dtypes) -> float:
         """K and V of the last min(context, W) tokens: what a sequence needs, and what an
         engine that allocates per token (paged) holds. This ring allocates all W slots up
-        front (`init_cache`), whatever the context. The W int32 positions, shared by the
-        batch, are left out: 4 W bytes per layer."""
+        front (`init_cache`), whatever the context. The W int32 positions of each sequence
+        are left out: 4 B W bytes per layer."""
         keys = min(context, cfg.window)
         return 2.0 * batch * keys * kv_heads(cfg, kind) * cfg.head_size * dt.kv_size
 

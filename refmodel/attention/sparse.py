@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from refmodel.attention import register
-from refmodel.attention.common import causal_mask
+from refmodel.attention.common import causal_mask, positions_of, write_at
 from refmodel.attention.gqa import GroupedQueryAttention, gqa_costs, kv_heads
 from refmodel.config import ModelConfig, positive
 from refmodel.counting import Cost, Dtypes, matmul
@@ -84,7 +84,7 @@ class SparseAttention(GroupedQueryAttention):
             return jnp.einsum("BTI,BTIS->BTS", w, jax.nn.relu(dots))  # [B, T, S]
 
     def select(self, scores: jax.Array, mask: jax.Array):
-        """Top-k visible keys of each query: scores [B, T, S], mask [T, S] ->
+        """Top-k visible keys of each query: scores [B, T, S], mask [T, S] or [B, T, S] ->
         indices int32 [B, T, k] sorted by position and valid [B, T, k] (k = min(top_k, S))."""
         n = min(self.cfg.sparse_top_k, scores.shape[-1])
         with jax.named_scope("topk_select"):
@@ -107,22 +107,18 @@ class SparseAttention(GroupedQueryAttention):
         return o.reshape(B, T, K, G, H)
 
     def __call__(self, x: jax.Array, start: jax.Array, cache: SparseCache | None):
-        T = x.shape[1]
-        positions = start + jnp.arange(T, dtype=jnp.int32)  # [T]
+        positions = positions_of(start, x.shape[1])  # [T], or [B, T] for a start per row
         q, k, v = self.project(x, positions)  # [B, T, K, G, H], [B, K, T, H] x 2
         k_idx = self.index_keys(x)  # [B, T, J]
         if cache is not None:
-            with jax.named_scope("kv_write"):
-                kv = (0, 0, start, 0)
-                new_k = jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), kv)
-                new_v = jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), kv)
+            with jax.named_scope("kv_write"):  # each row at its own start if start is [B]
+                new_k, new_v = write_at(cache.k, k, start, 2), write_at(cache.v, v, start, 2)
             with jax.named_scope("indexer"):
-                new_idx = jax.lax.dynamic_update_slice(
-                    cache.k_idx, k_idx.astype(cache.k_idx.dtype), (0, start, 0))
+                new_idx = write_at(cache.k_idx, k_idx, start, 1)
             cache = SparseCache(k=new_k, v=new_v, k_idx=new_idx)
             k, v, k_idx = cache.k.astype(q.dtype), cache.v.astype(q.dtype), cache.k_idx
         k_pos = jnp.arange(k.shape[2], dtype=jnp.int32)  # [S]
-        mask = causal_mask(positions, k_pos)  # [T, S]
+        mask = causal_mask(positions, k_pos)  # [T, S], or [B, T, S]: each row its own
         idx, valid = self.select(self.index_scores(x, k_idx), mask)  # [B, T, k] x 2
         o = self.sparse_core(q, k, v, idx, valid)
         return self.output(x, o), cache
