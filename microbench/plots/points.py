@@ -226,7 +226,8 @@ def phases_roofline_figure(results: Sequence[dict], title: str | None = None) ->
     points = [p for p in runs[0]["points"] if in_sweep(p, "roofline")]
     machines = ", ".join(r["machine"] for r in runs)
     fig.suptitle(title or f"Phases of the '{model['preset']}' model ({fmt_si(model['params'], '')}"
-                 f"parameters, {model['dtype']}) on {machines}", fontsize=14)
+                 f"parameters, {model['dtype']}) on {machines}", fontsize=14,
+                 x=0.01, ha="left")  # left: the legend column on the right starts at the top
     prefill = next((p["context"] for p in points if p["phase"] == "prefill"), "?")
     decode = next((p["context"] for p in points if p["phase"] != "prefill"), "?")
     ax.set_title(f"{roofline_claim(points)}\nBatch 1; prefill of {prefill} tokens; decode at "

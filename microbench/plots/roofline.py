@@ -10,6 +10,7 @@ rather than as roofs.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 
 from matplotlib.figure import Figure
@@ -172,6 +173,8 @@ def roofline_figure(results: Sequence[dict], title: str | None = None) -> Figure
                  "spread).  Dashed: vendor or theoretical ceilings.\nDotted grey: what XLA "
                  "itself reaches.  Diamonds: ridge points against main memory.  Bytes are "
                  "algorithmic.", fontsize=10)
-    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=2,
-               frameon=False, fontsize=8)
+    handles, labels = ax.get_legend_handles_labels()
+    # two columns of long labels, each wrapped so neither runs past the figure's edge
+    fig.legend(handles, [textwrap.fill(label, 78) for label in labels],
+               loc="outside lower center", ncol=2, frameon=False, fontsize=8)
     return fig
