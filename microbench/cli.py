@@ -48,6 +48,8 @@ COMMANDS: list[Command] = [
             "microbench.commands.figures"),
     Command("breakdown", "where a phase's time goes, per op, beside its counted cost",
             "microbench.commands.breakdown"),
+    Command("serve", "the serving engine under load: TTFT, TPOT, goodput, prefix caching",
+            "microbench.commands.serve"),
 ]
 
 

@@ -117,7 +117,7 @@ print(json.dumps({"step_s": times[len(times) // 2], "samples": times,
 def hf_peer(cfg: refmodel.ModelConfig, context: int, steps: int = 23) -> dict:
     """Median decode-step time of transformers' Llama of the same shape, or why it is absent."""
     spec = {"V": cfg.vocab_size, "D": cfg.d_model, "F": cfg.d_ff, "L": cfg.n_layers,
-            "N": cfg.n_heads, "K": cfg.n_kv_heads, "H": cfg.head_size, "S": context,
+            "N": cfg.n_heads, "K": cfg.n_kv_heads, "H": cfg.resolved_head_dim, "S": context,
             "steps": steps}
     try:
         proc = subprocess.run([sys.executable, "-c", PEER_SCRIPT, json.dumps(spec)],

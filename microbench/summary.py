@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from microbench import plots
-from microbench.files import output_set, write_text_atomic
+from microbench.files import output_set, read_json, write_text_atomic
 from microbench.plots import fmt_si
 from microbench.roofline import BAND
 from microbench.schema import point_sweeps
@@ -100,10 +100,17 @@ def draw(out_dir, data_dir=None) -> list[Path]:
     """Every figure (plots.draw_all) and summary.md from saved peaks.json and phases.json (in
     data_dir, default out_dir), written into out_dir as one set (files.output_set)."""
     peaks, phases = plots.load_saved(data_dir or out_dir)
+    serve_file = Path(data_dir or out_dir) / "serve.json"
+    serve = read_json(serve_file) if serve_file.exists() else None
     with output_set(out_dir) as tmp:
         written = plots.draw_all(tmp, peaks, phases)
         if phases is not None:
             written.append(write_text_atomic(tmp / "summary.md", summary_markdown(peaks, phases)))
+        if serve is not None:  # the serving figures and claims (`microbench serve`)
+            from microbench.plots.serving import draw_serving, serving_summary
+
+            written += draw_serving(serve, tmp)
+            written.append(write_text_atomic(tmp / "serve.md", serving_summary(serve) + "\n"))
     return [Path(out_dir) / p.relative_to(tmp) for p in written]
 
 

@@ -1,12 +1,21 @@
 """refmodel: a small transformer whose every inference phase is both counted and run.
 
-Shape alphabet (the scaling book's letters; einsum strings and shape comments use them):
+Shape alphabet (the scaling book's letters; einsum strings and shape comments use them, one
+letter one meaning in the whole package; the table is `refmodel.shapes.SHAPE_LETTERS`):
 
     B batch            T query length (new tokens)    S key/value length (cached tokens)
     D model width      N query heads                  K key/value heads
-    G = N / K groups   H head dim                     F FFN width
+    G groups, N / K    H head dim                     F FFN width
     E experts          A active (top-k) experts       R latent rank (MLA)
     W window           L layers                       V vocabulary
+
+Letters of single variants (attention/common.py, mla.py, linear.py, sparse.py):
+
+    M rows of one KV head's grouped matmul, G T   U value head dim (MLA, linear attention)
+    P MLA no-RoPE query/key dims (qk_nope_dim)    Q MLA RoPE dims (qk_rope_dim)
+    Y MLA compressed-query rank (q_lora_rank)     C chunks of linear's chunked prefill
+    X linear conv channels                        Z linear conv taps (linear_conv)
+    I sparse indexer heads                        J sparse indexer dim
 
 Public API (tests, notebooks and microbench use only this):
 

@@ -22,9 +22,9 @@ rather than loosened in a test):
 - MoE experts. `MoE.grouped_experts` runs each expert on its own rows in a `fori_loop` of
   ceil(rows / tile) trips of `tile` rows; XLA counts a loop body once whatever its trip count,
   so it sees every one of the E experts run on exactly one tile: E x tile rows of expert FFN
-  (plus a select per element of each tile), where the code executes the M A routed rows (plus
-  padding to whole tiles). The expected compiler count adds (E tile - M A) rows of expert
-  work, by name (`EXPERT_LOOPS`): positive at decode (E tile > M A), zero when every expert
+  (plus a select per element of each tile), where the code executes the B T A routed rows (plus
+  padding to whole tiles). The expected compiler count adds (E tile - B T A) rows of expert
+  work, by name (`EXPERT_LOOPS`): positive at decode (E tile > B T A), zero when every expert
   gets exactly one tile. (Were the experts a `jax.lax.ragged_dot`, XLA:CPU would lower it to
   a dense dot over all E experts; a native grouped kernel shows as `ragged_dot` in the HLO and
   gets no correction.)

@@ -28,7 +28,13 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Hyperparameters in the shape alphabet of `refmodel` (B T S D N K G H F E A R W L V)."""
+    """Hyperparameters in the shape alphabet of `refmodel` (B T S D N K G H F E A R W L V).
+
+    Fields are what you set. A few may be None, meaning "the usual default": `head_dim`
+    (D // N), `d_ff_expert` (d_ff) and `query_scale` (the head dim). The values in use are
+    the properties `resolved_head_dim`, `expert_width` and `softmax_scale`; code reads those
+    (only validation looks at the raw fields).
+    """
 
     name: str = "custom"
     vocab_size: int = 256  # V
@@ -36,7 +42,7 @@ class ModelConfig:
     n_layers: int = 2  # L
     n_heads: int = 4  # N
     n_kv_heads: int = 2  # K
-    head_dim: int | None = None  # H; default D // N
+    head_dim: int | None = None  # as set (HF name); None: D // N. Code reads resolved_head_dim (H)
     d_ff: int = 128  # F, dense FFN width
 
     # Which mixer and FFN each layer runs.
@@ -63,7 +69,7 @@ class ModelConfig:
     attn_sinks: bool = False  # learned per-head sink logit (gpt-oss)
     attn_softcap: float | None = None  # Gemma 2: tanh soft-capping of attention logits
     final_softcap: float | None = None  # Gemma 2: tanh soft-capping of the output logits
-    query_scale: float | None = None  # softmax scale is query_scale**-0.5; default H**-0.5
+    query_scale: float | None = None  # None: H. Code reads softmax_scale (query_scale**-0.5)
 
     # FFN.
     mlp_act: str = "swiglu"
@@ -72,7 +78,7 @@ class ModelConfig:
     # Mixture of experts.
     n_experts: int = 8  # E
     top_k: int = 2  # A
-    d_ff_expert: int | None = None  # width of one routed expert; default d_ff
+    d_ff_expert: int | None = None  # one routed expert's width; None: d_ff. Code reads expert_width
     n_shared_experts: int = 0
     shared_expert_gate: bool = False  # Qwen3-Next: shared experts' output times sigmoid(x w)
     router_score: str = "softmax"
@@ -156,7 +162,7 @@ class ModelConfig:
             positive("d_ff_expert", self.d_ff_expert)
         if self.position == "rope" and (self.rotary_dim % 2 or self.rotary_dim == 0):
             raise ValueError(
-                f"rope_fraction={self.rope_fraction} x head_dim={self.head_size} gives a "
+                f"rope_fraction={self.rope_fraction} x head_dim={self.resolved_head_dim} gives a "
                 f"rotary dim of {self.rotary_dim}; it must be even and at least 2"
             )
         attention.validate(self)  # each variant in use checks the fields it reads
@@ -201,7 +207,7 @@ class ModelConfig:
     # Derived values --------------------------------------------------------------------------
 
     @property
-    def head_size(self) -> int:  # H
+    def resolved_head_dim(self) -> int:  # H: head_dim, or D // N when head_dim is None
         return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
 
     @property
@@ -209,16 +215,17 @@ class ModelConfig:
         return self.n_heads // self.n_kv_heads
 
     @property
-    def expert_width(self) -> int:
+    def expert_width(self) -> int:  # d_ff_expert, or d_ff when d_ff_expert is None
         return self.d_ff_expert if self.d_ff_expert is not None else self.d_ff
 
     @property
     def rotary_dim(self) -> int:
-        return int(round(self.head_size * self.rope_fraction))
+        return int(round(self.resolved_head_dim * self.rope_fraction))
 
     @property
-    def softmax_scale(self) -> float:
-        return (self.query_scale if self.query_scale is not None else self.head_size) ** -0.5
+    def softmax_scale(self) -> float:  # query_scale**-0.5, or H**-0.5 when query_scale is None
+        scale = self.query_scale if self.query_scale is not None else self.resolved_head_dim
+        return scale**-0.5
 
     @property
     def layer_kinds(self) -> tuple[str, ...]:

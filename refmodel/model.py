@@ -80,7 +80,7 @@ class Transformer(nnx.Module):
         self.embed = nnx.Embed(V, D, param_dtype=dtype, dtype=dtype,
                                embedding_init=nnx.initializers.normal(1.0), rngs=rngs)
         if cfg.position == "learned":
-            self.pos_embed = param(rngs, (cfg.max_position, D), 1, dtype)  # [P, D]
+            self.pos_embed = param(rngs, (cfg.max_position, D), 1, dtype)  # [max_position, D]
         self.blocks = nnx.List([Block(cfg, i, rngs=rngs) for i in range(cfg.n_layers)])
         self.final_norm = norm(cfg, D, rngs)
         if not cfg.tie_embeddings:
@@ -91,7 +91,7 @@ class Transformer(nnx.Module):
         with jax.named_scope("embed"):
             x = self.embed(tokens)
             if self.cfg.position == "learned":
-                T, table = tokens.shape[1], self.pos_embed[...]  # [P, D]
+                T, table = tokens.shape[1], self.pos_embed[...]  # [max_position, D]
                 if jnp.ndim(start) == 0:
                     x = x + jax.lax.dynamic_slice_in_dim(table, start, T)[None]  # [1, T, D]
                 else:  # each row from its own start, clamped as the slice is

@@ -2,9 +2,9 @@
 
 Shazeer et al. 2017 (sparsely-gated MoE), Mixtral (Jiang et al. 2024: softmax top-2 of 8),
 DeepSeekMoE / V3 (shared experts, sigmoid scores with normalised top-k weights), gpt-oss
-(biases inside each expert). Each of the M tokens picks A of E experts; the M*A (token, expert)
-pairs are sorted by expert and run as one grouped matmul (`MoE.grouped_experts`), so no expert
-runs on a token that did not choose it. In decode a batch of B tokens touches about
+(biases inside each expert). Each of the B T tokens picks A of E experts; the B T A (token,
+expert) pairs are sorted by expert and run as one grouped matmul (`MoE.grouped_experts`), so no
+expert runs on a token that did not choose it. In decode a batch of B tokens touches about
 E (1 - (1 - A/E)^B) distinct experts: that, not E, is what a decode step must read.
 """
 
@@ -66,40 +66,40 @@ class MoE(nnx.Module):
             self.w_shared_gate = param(rngs, (D, 1), D, dtype)  # [D, 1]
 
     def route(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """x [M, D] -> top-k weights [M, A] and expert indices [M, A]."""
+        """x [B*T, D] -> top-k weights [B*T, A] and expert indices [B*T, A]."""
         cfg = self.cfg
         with jax.named_scope("router"):
-            logits = x @ self.w_router[...]  # [M, E]
+            logits = x @ self.w_router[...]  # [B*T, E]
             if cfg.router_bias:
                 logits = logits + self.b_router[...]
             logits = logits.astype(jnp.float32)
             scores = jax.nn.softmax(logits) if cfg.router_score == "softmax" \
                 else jax.nn.sigmoid(logits)
-            weights, idx = jax.lax.top_k(scores, cfg.top_k)  # [M, A]
+            weights, idx = jax.lax.top_k(scores, cfg.top_k)  # [B*T, A]
             if cfg.norm_topk:
                 weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
         return weights.astype(x.dtype), idx
 
     def __call__(self, x: jax.Array) -> jax.Array:  # [..., D] -> [..., D]
         cfg, shape = self.cfg, x.shape
-        x = x.reshape(-1, shape[-1])  # [M, D]
+        x = x.reshape(-1, shape[-1])  # [B*T, D]
         weights, idx = self.route(x)
         A, E = cfg.top_k, cfg.n_experts
         with jax.named_scope("dispatch"):
-            flat = idx.reshape(-1)  # [M*A]
+            flat = idx.reshape(-1)  # [B*T*A]
             order = jnp.argsort(flat, stable=True)  # pairs sorted by expert
             token = order // A  # token of each sorted pair
             sizes = jnp.bincount(flat, length=E).astype(jnp.int32)  # tokens per expert [E]
-            xs = x[token]  # [M*A, D]
-        ys = self.grouped_experts(xs, sizes)  # [M*A, D]
+            xs = x[token]  # [B*T*A, D]
+        ys = self.grouped_experts(xs, sizes)  # [B*T*A, D]
         with jax.named_scope("combine"):
             ys = ys * weights.reshape(-1)[order][:, None]
-            y = jnp.zeros_like(x).at[token].add(ys)  # [M, D]
+            y = jnp.zeros_like(x).at[token].add(ys)  # [B*T, D]
         if self.shared is not None:
             with jax.named_scope("shared_experts"):
-                shared = self.shared(x)  # [M, D]
+                shared = self.shared(x)  # [B*T, D]
                 if cfg.shared_expert_gate:
-                    shared = shared * jax.nn.sigmoid(x @ self.w_shared_gate[...])  # [M, 1]
+                    shared = shared * jax.nn.sigmoid(x @ self.w_shared_gate[...])  # [B*T, 1]
                 y = y + shared
         return y.reshape(shape)
 
@@ -122,7 +122,7 @@ class MoE(nnx.Module):
             return y + self.b_down[...][e] if cfg.moe_bias else y
 
     def grouped_experts(self, xs: jax.Array, sizes: jax.Array) -> jax.Array:
-        """A grouped matmul: rows xs [P, D] sorted by expert, sizes [E] rows per expert.
+        """A grouped matmul: rows xs [B*T*A, D] sorted by expert, sizes [E] rows per expert.
 
         Each expert runs on its own rows only, in tiles of `tile` rows (a loop whose trip
         count is ceil(sizes[e] / tile), zero for an expert no token chose, so its weights are
@@ -130,10 +130,10 @@ class MoE(nnx.Module):
         `jax.lax.ragged_dot` expresses the same thing, but XLA:CPU ran it 5-30x slower than
         this loop (tests/test_model.py checks both against the every-expert oracle).
         """
-        P, D = xs.shape
-        tile = expert_tile(P, self.cfg.n_experts)
+        rows = xs.shape[0]
+        tile = expert_tile(rows, self.cfg.n_experts)
         starts = jnp.cumsum(sizes) - sizes  # first row of each expert [E]
-        xs = jnp.pad(xs, ((0, tile), (0, 0)))  # [P + tile, D]: tiles never read past the end
+        xs = jnp.pad(xs, ((0, tile), (0, 0)))  # [B*T*A + tile, D]: tiles never read past the end
         out = jnp.zeros_like(xs)
         for e in range(self.cfg.n_experts):
 
@@ -146,7 +146,7 @@ class MoE(nnx.Module):
                     out, jnp.where(keep[:, None], y, old), r0, 0)
 
             out = jax.lax.fori_loop(0, (sizes[e] + tile - 1) // tile, tile_step, out)
-        return out[:P]
+        return out[:rows]
 
     # Costs ------------------------------------------------------------------------------------
 
@@ -166,7 +166,7 @@ class MoE(nnx.Module):
 
     @staticmethod
     def costs(cfg: ModelConfig, tokens: float, dt: Dtypes) -> dict[str, Cost]:
-        """MoE on `tokens` tokens: every token runs A experts (M A pairs); the weights read are
+        """MoE on `tokens` tokens: every token runs A experts (tokens A pairs); the weights read are
         those of the expected number of distinct experts the tokens touch (not all E, not one).
 
         FLOPs are the grouped matmuls' 2 (pairs) D F: the routed rows, without the padding

@@ -51,14 +51,16 @@ def assert_logits_close(a, b, tol: float = 1e-5):
     np.testing.assert_allclose(np.asarray(a), b, rtol=tol, atol=tol * scale)
 
 
-def assert_golden(cfg, batch: int, length: int, chunks: list[int], seed: int = 0) -> None:
+def assert_golden(cfg, batch: int, length: int, chunks: list[int], seed: int = 0,
+                  max_len: int | None = None) -> None:
     """The golden check of one config: a full causal forward over random tokens equals
-    prefill of `chunks` then token-by-token decode of the rest."""
+    prefill of `chunks` then token-by-token decode of the rest (into a cache made for
+    `max_len` tokens, default `length`)."""
     model = refmodel.init(cfg, seed=seed)
     toks = tokens(cfg, batch, length, seed=seed + 1)
     full = refmodel.forward(model, toks)
     assert full.shape == (batch, length, cfg.vocab_size)
-    assert_logits_close(incremental_logits(model, toks, chunks), full)
+    assert_logits_close(incremental_logits(model, toks, chunks, max_len), full)
 
 
 @pytest.fixture

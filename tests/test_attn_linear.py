@@ -1,4 +1,7 @@
-"""The "linear" mixer (Mamba-2 SSD, Gated DeltaNet): forms, oracle, cache, shapes and counts."""
+"""The "linear" mixer (Mamba-2 SSD, Gated DeltaNet): forms, oracle, cache, shapes and counts.
+
+The golden test (forward == chunked prefill + decode) of each rule alone, and of both in hybrids
+with full attention (mamba2 in the Nemotron-H-like one), is in test_golden.py."""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_close, incremental_logits, tiny, tokens
+from conftest import assert_close, tiny
 from flax import nnx
 
 import refmodel
@@ -149,17 +152,6 @@ def test_layer_equals_oracle_and_chunked_prefill_equals_one_shot(rule):
     y3, cache = _run(layer, x[:, 9:10], cache)  # decode: the recurrent form
     assert_close(jnp.concatenate([y1, y2, y3], axis=1), want)
     assert_close(cache.state, S)
-
-
-def test_golden_mamba2_hybrid():
-    """forward == prefill in chunks + token-by-token decode, for the mamba2 rule on layers
-    (linear, linear, gqa): Nemotron-H's mix of mixers. Prefill chunks of 3 (T < chunk) and 10
-    (two chunks, padded) continue from the cache. (tests/test_golden.py runs every rule alone
-    and the default rule in hybrids, with an MoE FFN among them.)"""
-    cfg = tiny(layer_pattern=("linear", "linear", "gqa"), n_layers=3, linear_rule="mamba2")
-    model = refmodel.init(cfg, seed=0)
-    toks = tokens(cfg, 2, 15)
-    assert_close(incremental_logits(model, toks, [3, 10]), refmodel.forward(model, toks))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

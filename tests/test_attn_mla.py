@@ -1,25 +1,25 @@
-"""Multi-head latent attention (refmodel/attention/mla.py): the naive and absorbed forms against
-each other and against a slow numpy oracle, the golden test, pinned shapes, and the counts
-(parameters against DeepSeek-V3's checkpoint shapes, FLOPs against the jaxpr's matmuls)."""
+"""Multi-head latent attention (refmodel/attention/mla.py): the naive and absorbed forms, on the
+same weights, against a slow numpy oracle, pinned shapes, and the counts (parameters against
+DeepSeek-V3's checkpoint shapes, FLOPs against the jaxpr's matmuls).
+
+The golden test (forward == chunked prefill + decode) is in test_golden.py: the naive form, and
+the absorbed form with the compressed query (q_lora_rank > 0)."""
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_close, incremental_logits, tiny, tokens
+from conftest import assert_close, tiny
 from flax import nnx
 
 import refmodel
 from refmodel.attention.mla import NORM_FLOPS, MLACache
 from refmodel.attention.mla import MultiHeadLatentAttention as MLA
 from refmodel.counting import Dtypes, total
-
-B, T = 2, 8  # golden: batch and total length (prefill 2 + 2, then 4 decode steps)
 
 
 def _cfg(**changes) -> refmodel.ModelConfig:
@@ -31,37 +31,6 @@ V3 = refmodel.ModelConfig(name="v3", vocab_size=129280, d_model=7168, n_layers=6
                           n_heads=128, n_kv_heads=128, d_ff=18432, attention="mla",
                           q_lora_rank=1536, kv_lora_rank=512, qk_nope_dim=128, qk_rope_dim=64,
                           v_head_dim=128)
-
-
-# Golden: forward == chunked prefill + token-by-token decode ------------------------------------
-
-@functools.cache
-def _golden(ffn: str, q_lora: int, absorb: bool):
-    """(forward logits, prefill 2 + 2 then decode logits, weights) of one tiny MLA model."""
-    model = refmodel.init(_cfg(ffn=ffn, q_lora_rank=q_lora, mla_absorb=absorb), seed=0)
-    toks = tokens(model.cfg, B, T)
-    full = refmodel.forward(model, toks)  # [B, T, V]
-    return full, incremental_logits(model, toks, [2, 2]), nnx.state(model)
-
-
-# Both forms, and the compressed query (q_lora_rank > 0) with the absorbed form, here with
-# chunked prefill (tests/test_golden.py runs both forms at q_lora_rank = 0; the MoE FFN sees
-# one token at a time whatever the mixer and is covered there).
-CASES = [("dense", 0, False), ("dense", 0, True), ("dense", 16, True)]
-
-
-@pytest.mark.parametrize("ffn,q_lora,absorb", CASES)
-def test_golden_forward_equals_chunked_prefill_and_decode(ffn, q_lora, absorb):
-    full, cached, _ = _golden(ffn, q_lora, absorb)
-    assert_close(cached, full)
-
-
-def test_naive_equals_absorbed_after_same_weights():
-    full_n, cached_n, state_n = _golden("dense", 0, False)
-    full_a, cached_a, state_a = _golden("dense", 0, True)
-    jax.tree.map(np.testing.assert_array_equal, state_n, state_a)  # mla_absorb: same weights
-    assert_close(full_a, full_n)
-    assert_close(cached_a, cached_n)
 
 
 # A slow oracle: MLA without absorption, explicit loops and an explicit causal mask ----------
@@ -112,6 +81,9 @@ def _oracle(cfg, w, x):
 
 @pytest.mark.parametrize("q_lora", [0, 16])
 def test_layer_against_numpy_oracle(q_lora):
+    """Both forms, built from the same seed (so mla_absorb must not change the weights), equal
+    the oracle computed from the naive layer's weights: the no-cache forward, and prefill into
+    a cache with unwritten slots then a second chunk from the cache."""
     cfg = _cfg(q_lora_rank=q_lora)
     x = np.asarray(jax.random.normal(jax.random.key(2), (2, 6, cfg.d_model)), np.float64)
     layer = MLA(cfg, kind="mla", rngs=nnx.Rngs(3))

@@ -2,8 +2,8 @@
 the indexer score and runs explicit softmax, the exact selection rule, equality with dense GQA
 when k covers every key, pinned shapes, parameter counts and costs.
 
-The golden test over dense and MoE (forward == prefill + decode, and chunked prefill) is in
-test_golden.py, which runs every registered kind.
+The golden test (forward == chunked prefill + decode) is in test_golden.py, which runs every
+registered kind.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def test_k_covering_every_key_equals_gqa():
 
 def test_shape_comments():
     cfg = tiny(attention="sparse", sparse_top_k=4)
-    B, T, S, D, K, G, H = 2, 5, 32, cfg.d_model, cfg.n_kv_heads, cfg.groups, cfg.head_size
+    B, T, S, D, K, G, H = 2, 5, 32, cfg.d_model, cfg.n_kv_heads, cfg.groups, cfg.resolved_head_dim
     J, n = cfg.indexer_dim, cfg.sparse_top_k
     layer = make_layer(SparseAttention, cfg, "sparse")
     x = jax.ShapeDtypeStruct((B, T, D), jnp.float32)
@@ -132,7 +132,8 @@ def test_param_counts_match_the_layer():
 
 def test_decode_reads_k_kv_entries_but_all_indexer_keys():
     cfg = tiny(attention="sparse", sparse_top_k=64, indexer_dim=16)
-    dt, B, K, H, J = Dtypes(kv="bfloat16"), 4, cfg.n_kv_heads, cfg.head_size, cfg.indexer_dim
+    dt, B, J = Dtypes(kv="bfloat16"), 4, cfg.indexer_dim
+    K, H = cfg.n_kv_heads, cfg.resolved_head_dim
     k = cfg.sparse_top_k
 
     def decode(S):  # S = keys after the step

@@ -84,7 +84,7 @@ def test_engine_count_reads_min_context_window_implementation_the_ring():
 
 
 def per_layer_kv(cfg):
-    return 2 * cfg.n_kv_heads * cfg.head_size * 2
+    return 2 * cfg.n_kv_heads * cfg.resolved_head_dim * 2
 
 
 def test_decode_is_its_halves_plus_embedding_and_head():
@@ -108,7 +108,7 @@ def test_prefill_counts_the_full_square_and_decode_one_row():
     T, B = 16, 2
     pre = costs.phase_costs(cfg, "prefill", B, T)["ops"]
     dec = costs.phase_costs(cfg, "decode_attention", B, T - 1)["ops"]  # keys = T
-    N, H, L = cfg.n_heads, cfg.head_size, cfg.n_layers
+    N, H, L = cfg.n_heads, cfg.resolved_head_dim, cfg.n_layers
     assert pre["attn_scores"]["flops"] == 2 * B * T * N * T * H * L
     assert dec["attn_scores"]["flops"] == 2 * B * 1 * N * T * H * L
     assert pre["ffn_up"]["flops"] == T * costs.phase_costs(cfg, "decode_ffn", B, 0)["ops"][

@@ -1,12 +1,19 @@
-"""The golden test: one full causal forward == prefill of a prefix + token-by-token decode.
+"""The golden test: one full causal forward == prefill in chunks + token-by-token decode.
 
 It runs over every option set every registered attention variant declares (so a new variant
 file is covered the moment it registers: `refmodel.attention.option_sets`), and over hybrid
-layer patterns; windows are exercised past wrap-around (the sequence is 3x the tiny window)
-and prefill is also done in chunks. The MoE FFN sees one token at a time whatever the mixer,
-so it runs under the configs that exercise its options (every router option, shared experts,
-biases, a mixer-only / FFN-only hybrid) rather than under every mixer: its compiles are the
-slowest of the suite. (The FFN-only hybrid's "none" layers take the same path with a dense FFN.)
+layer patterns whose "every kind" stack holds one layer of every registered kind. Each option
+set prefills in three chunks (shorter than the window; longer than it, on a cache that holds
+tokens; longer again, into a ring that has wrapped), then decodes the rest across another
+wrap-around: the sequence is 3x the tiny window + 2. mha and mqa are the gqa layer with
+K = N and K = 1 kv heads: they run in the "every kind" stack (and mha in "gpt2-like"), with
+their equality to gqa at those K in tests/test_model.py, rather than as option sets alone.
+An option of a variant that no option set switches on rides along on one (`ALSO`).
+
+The MoE FFN sees one token at a time whatever the mixer, so it runs under the configs that
+exercise its options (every router option, shared experts, biases, after a dense first layer;
+a mixer-only / FFN-only hybrid) rather than under every mixer: its compiles are the slowest of
+the suite. (The FFN-only hybrid's "none" layers take the same path with a dense FFN.)
 """
 
 from __future__ import annotations
@@ -17,49 +24,70 @@ from conftest import assert_golden, tiny
 import refmodel
 
 KINDS = refmodel.attention.registered()
-LENGTH = 3 * tiny().window + 2  # past a sliding window's wrap-around
-# Every option set of every registered variant, plus configs that switch on shared options.
-VARIANTS = {label: (changes, ("dense",))
-            for label, changes in refmodel.attention.option_sets().items()}
-VARIANTS["gqa with every option"] = ({
-    "attention": "gqa", "attn_bias": True, "qk_norm": True, "attn_out_gate": True,
-    "attn_sinks": True, "attn_softcap": 20.0, "final_softcap": 30.0, "rope_fraction": 0.5,
-    "post_norms": True, "mlp_act": "geglu", "tie_embeddings": True, "n_shared_experts": 1,
-    "router_score": "sigmoid", "moe_bias": True, "router_bias": True}, ("dense", "moe"))
-VARIANTS["gpt2-like"] = ({"attention": "mha", "position": "learned", "norm": "layernorm",
-                          "mlp_act": "gelu", "attn_bias": True, "mlp_bias": True,
-                          "tie_embeddings": True}, ("dense",))
-CASES = [(v, ffn) for v, (_, ffns) in VARIANTS.items() for ffn in ffns]
+W = tiny().window
+LENGTH = 3 * W + 2  # past a sliding window's wrap-around
+CHUNKS = [3, W + 3, W + 1]  # then decode 3 tokens, across the ring's wrap at 3W
+# Option sets run elsewhere on the same code path (see the docstring).
+SAME_PATH = {"mha": "gqa with K = N", "mqa": "gqa with K = 1"}
+# Options that ride along on an option set: the compressed query of MLA on the absorbed form
+# (the naive form runs without it; the layer runs both forms both ways in test_attn_mla.py).
+ALSO = {"mla absorbed": {"q_lora_rank": 16}}
+OPTION_SETS = {label: {**changes, **ALSO.get(label, {})}
+               for label, changes in refmodel.attention.option_sets().items()
+               if label not in SAME_PATH}
 
 
-@pytest.mark.parametrize(("variant", "ffn"), CASES, ids=[f"{v}-{f}" for v, f in CASES])
-def test_forward_equals_prefill_then_decode(variant, ffn):
-    assert_golden(tiny(ffn=ffn, **VARIANTS[variant][0]), 2, LENGTH, [5])
+@pytest.mark.parametrize("variant", OPTION_SETS)
+def test_chunked_prefill_then_decode_equals_forward(variant):
+    cfg = tiny(**OPTION_SETS[variant])
+    # max_len binds no sliding layer: a model of only those runs 3W + 2 tokens in a cache made
+    # for 4 (its cache has no max_len; tests/test_attn_sliding.py)
+    only_sliding = set(cfg.layer_kinds) == {"sliding"}
+    assert_golden(cfg, 2, LENGTH, CHUNKS, max_len=4 if only_sliding else None)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_chunked_prefill_equals_forward(kind):
-    """Chunks shorter and longer than the window, on a cache that already holds tokens."""
-    cfg = tiny(attention=kind)
-    assert_golden(cfg, 2, LENGTH, [3, cfg.window + 3, LENGTH - cfg.window - 6], seed=1)
-
-
-PATTERNS = {
-    "gemma-like 2 local : 1 global": (("sliding", "sliding", "gqa"), ("dense",)),
-    "gpt-oss-like alternating": (("sliding", "gqa"), ("dense",)),
-    "qwen3-next-like linear + full": (("linear", "linear", "gqa"), ("dense",)),
-    "nemotron-h-like mixer-only and ffn-only": (("linear", "none", "gqa"), ("moe",)),
-    "every kind": (KINDS, ("dense",)),
+# Configs that switch on shared options (one prefill chunk, then decode). Every option of the
+# gqa layer and the model, with a dense FFN (geglu) in layer 0 and an MoE FFN with every router
+# option in layer 1; and GPT-2's learned positions, LayerNorm and biases.
+CONFIGS = {
+    "gqa with every option, dense then moe": {
+        "attention": "gqa", "attn_bias": True, "qk_norm": True, "attn_out_gate": True,
+        "attn_sinks": True, "attn_softcap": 20.0, "final_softcap": 30.0, "rope_fraction": 0.5,
+        "post_norms": True, "mlp_act": "geglu", "tie_embeddings": True, "ffn": "moe",
+        "first_dense_layers": 1, "n_shared_experts": 1, "router_score": "sigmoid",
+        "moe_bias": True, "router_bias": True},
+    "gpt2-like": {"attention": "mha", "position": "learned", "norm": "layernorm",
+                  "mlp_act": "gelu", "attn_bias": True, "mlp_bias": True,
+                  "tie_embeddings": True},
 }
-HYBRIDS = [(name, ffn) for name, (_, ffns) in PATTERNS.items() for ffn in ffns]
 
 
-@pytest.mark.parametrize(("name", "ffn"), HYBRIDS, ids=[f"{n}-{f}" for n, f in HYBRIDS])
-def test_hybrid_layer_patterns(name, ffn):
-    pattern = PATTERNS[name][0]
+@pytest.mark.parametrize("variant", CONFIGS)
+def test_forward_equals_prefill_then_decode(variant):
+    cfg = tiny(**CONFIGS[variant])
+    if cfg.ffn == "moe":
+        assert cfg.layer_ffns == ("dense", "moe")
+    assert_golden(cfg, 2, LENGTH, [5])
+
+
+# gpt-oss's alternating sliding / full layers (with sinks and biases) are in test_attn_sliding.
+# Qwen3-Next's gated-delta linear + full layers: "every kind" holds both, and the Nemotron-H-like
+# pattern runs the same linear + full hybrid with the mamba2 rule.
+PATTERNS = {
+    "gemma-like 2 local : 1 global": (("sliding", "sliding", "gqa"), "dense", {}),
+    "nemotron-h-like mixer-only and ffn-only": (("linear", "none", "gqa"), "moe",
+                                                {"linear_rule": "mamba2"}),
+    "every kind": (KINDS, "dense", {}),
+}
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+def test_hybrid_layer_patterns(name):
+    pattern, ffn, changes = PATTERNS[name]
     cfg = tiny(layer_pattern=pattern, n_layers=len(pattern), ffn=ffn,
-               ffn_pattern=(ffn, "none") if "none" in pattern else None)
+               ffn_pattern=(ffn, "none") if "none" in pattern else None, **changes)
     assert cfg.layer_kinds == pattern
-    # two chunks (the second on a cache that holds tokens); one for the 7-layer stack of every
-    # kind, whose compiles are the slowest of the file (chunking is tested kind by kind above)
-    assert_golden(cfg, 1, LENGTH, [9] if name == "every kind" else [4, 9], seed=3)
+    # two chunks (the second on a cache that holds tokens) for one hybrid; one chunk for the
+    # others, whose compiles (7 layers; linear + MoE) are the slowest of the file (chunking of
+    # every option set alone is tested above)
+    assert_golden(cfg, 1, LENGTH, [4, 9] if name.startswith("gemma") else [9], seed=3)

@@ -137,16 +137,21 @@ def test_every_figure_redraws_from_the_committed_data_without_jax(tmp_path):
     assert proc.returncode == 0, proc.stderr
     *written, loaded = proc.stdout.split()
     assert loaded == "[]"
-    assert sorted(written) == sorted([f"{name}.png" for name in plots.FIGURES] + ["summary.md"])
-    # the summary is the committed one, word for word
-    assert (tmp_path / "summary.md").read_text() == (REPO / "figures" / "summary.md").read_text()
-    for name in written[:-1]:
+    from microbench.plots.serving import FILES as SERVING
+
+    assert sorted(written) == sorted([f"{name}.png" for name in plots.FIGURES] + ["summary.md"]
+                                     + list(SERVING) + ["serve.md"])
+    # the summaries are the committed ones, word for word
+    for name in ("summary.md", "serve.md"):
+        assert (tmp_path / name).read_text() == (REPO / "figures" / name).read_text()
+    for name in (w for w in written if w.endswith(".png")):
         width, height = _png_size(tmp_path / name)
         assert width >= 1000 and height >= 600, name
 
 
 # plots/ modules in dependency order: each imports only modules before it (no cycle).
-PLOTS_ORDER = ("common", "roofline", "hierarchy", "claims", "points", "sweeps", "breakdown")
+PLOTS_ORDER = ("common", "roofline", "hierarchy", "claims", "points", "sweeps", "breakdown",
+               "serving")
 
 
 def test_plots_modules_import_only_earlier_ones():

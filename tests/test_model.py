@@ -39,7 +39,7 @@ def test_kv_heads_per_kind():
     cfg = tiny()  # N = 4, n_kv_heads = 2
     for kind, K in [("mha", 4), ("gqa", 2), ("mqa", 1)]:
         cache = jax.eval_shape(lambda k=kind: refmodel.init_cache(cfg.replace(attention=k), 3, 7))
-        assert cache.layers[0].k.shape == (3, K, 7, cfg.head_size)  # [B, K, S, H]
+        assert cache.layers[0].k.shape == (3, K, 7, cfg.resolved_head_dim)  # [B, K, S, H]
 
 
 def moe_oracle(moe: MoE, x: np.ndarray) -> np.ndarray:
@@ -89,7 +89,7 @@ def test_router_stats_count_every_routed_token():
 def test_documented_shapes_under_eval_shape():
     cfg = tiny(ffn="moe")
     model = nnx.eval_shape(lambda: refmodel.init(cfg))
-    D, N, K, H, F, E, V = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_size,
+    D, N, K, H, F, E, V = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.resolved_head_dim,
                            cfg.expert_width, cfg.n_experts, cfg.vocab_size)
     attn, moe = model.blocks[0].attn, model.blocks[0].ffn
     assert attn.wq.shape == (D, N * H) and attn.wk.shape == (D, K * H)
@@ -130,9 +130,9 @@ def test_greedy_generate_is_argmax_of_forward_step_by_step():
 def test_sampled_generate_is_reproducible_and_in_vocab():
     cfg = tiny()
     model = refmodel.init(cfg)
-    prompt = tokens(cfg, 1, 3)
-    a = refmodel.generate(model, prompt, 8, temperature=1.0, seed=3)
-    b = refmodel.generate(model, prompt, 8, temperature=1.0, seed=3)
+    prompt = tokens(cfg, 2, 4)  # the shapes of the greedy test above: its compiles are reused
+    a = refmodel.generate(model, prompt, 6, temperature=1.0, seed=3)
+    b = refmodel.generate(model, prompt, 6, temperature=1.0, seed=3)
     np.testing.assert_array_equal(a, b)
     assert int(a.min()) >= 0 and int(a.max()) < cfg.vocab_size
 

@@ -11,6 +11,8 @@ Modules, each importing only those before it (no cycle):
     sweeps.py     batch.png, throughput.png, crossover.png, kv_cache.png (phases.json)
     breakdown.py  the per-op breakdown figure (breakdown.json; `python -m
                   microbench.plots.breakdown breakdown.json [out.png]`)
+    serving.py    the four serve_*.png figures and serve.md (serve.json; `python -m
+                  microbench.plots.serving serve.json [out_dir]`)
 
 Add a figure by writing `<name>_figure(results, title=None) -> Figure` in the module of its
 data and listing it in FIGURES. `draw_all` is what `python -m microbench figures` draws.

@@ -88,10 +88,11 @@ QUERY_BLOCK = 256
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
            softcap: float | None = None, sinks: jax.Array | None = None) -> jax.Array:
-    """Softmax attention of q [B, T, K, G, H] over k [B, K, S, H], v [B, K, S, Hv].
+    """Softmax attention of q [B, T, K, G, H] over k [B, K, S, H], v [B, K, S, U] (U: value
+    head dim, H except in MLA).
 
     mask is [T, S] or [B, T, S]; sinks, if given, is one learned logit per head [K, G] that
-    joins the softmax denominator but carries no value (gpt-oss). Returns [B, T, K, G, Hv].
+    joins the softmax denominator but carries no value (gpt-oss). Returns [B, T, K, G, U].
 
     One query with G > 1 (GQA, MQA decode) goes to `attend_one`. Longer query runs (prefill)
     go through `attend_rows` in blocks of QUERY_BLOCK queries, each block exact (every block
@@ -111,8 +112,8 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: flo
 def attend_rows(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
                 softcap: float | None = None, sinks: jax.Array | None = None) -> jax.Array:
     """`attend` for one block of queries, as K batched GEMMs whose rows are the G x T query
-    rows of one KV head (local letter Q = G*T): q is laid out [B, K, Q, H] so the scores
-    [B, K, Q, S] are the product's natural output and the softmax runs over their last,
+    rows of one KV head (M = G*T): q is laid out [B, K, M, H] so the scores
+    [B, K, M, S] are the product's natural output and the softmax runs over their last,
     contiguous axis.
     Written as one einsum to [B, K, G, T, S] over q [B, T, K, G, H], XLA:CPU computed the
     scores as [K, S, G*T] and transposed them (and the probabilities) through memory.
@@ -121,8 +122,8 @@ def attend_rows(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale
     B, T, K, G, H = q.shape
     S = k.shape[2]
     with jax.named_scope("attn_scores"):
-        qr = q.transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, H)  # [B, K, Q, H]
-        s = jnp.einsum("BKQH,BKSH->BKQS", qr, k).reshape(B, K, G, T, S) * scale
+        qr = q.transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, H)  # [B, K, M, H]
+        s = jnp.einsum("BKMH,BKSH->BKMS", qr, k).reshape(B, K, G, T, S) * scale
         if softcap is not None:
             s = soft_cap(s, softcap)
         m = mask[:, None, None] if mask.ndim == 3 else mask
@@ -136,21 +137,21 @@ def attend_rows(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale
             p = jax.nn.softmax(s, axis=-1)
     with jax.named_scope("attn_values"):
         p = p.astype(v.dtype).reshape(B, K, G * T, S)
-        o = jnp.einsum("BKQS,BKSH->BKQH", p, v)  # [B, K, Q, Hv]
-        return o.reshape(B, K, G, T, -1).transpose(0, 3, 1, 2, 4)  # [B, T, K, G, Hv]
+        o = jnp.einsum("BKMS,BKSU->BKMU", p, v)  # [B, K, M, U]
+        return o.reshape(B, K, G, T, -1).transpose(0, 3, 1, 2, 4)  # [B, T, K, G, U]
 
 
 def attend_one(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
                softcap: float | None = None, sinks: jax.Array | None = None) -> jax.Array:
     """`attend` for one query per sequence with G > 1 (GQA, MQA decode), scores kept as
-    [B, K, S, G]: the cache is the GEMM's tall operand (M = S rows), the few query heads its
-    N columns. Written with the scores as [B, K, G, S], XLA:CPU ran the batched product with
-    M = G (1-8 rows) on a slow path, and an earlier broadcast multiply-and-sum (one pass, no
+    [B, K, S, G]: the cache is the GEMM's tall operand (S rows), the few query heads its
+    columns. Written with the scores as [B, K, G, S], XLA:CPU ran the batched product with
+    G rows (1-8) on a slow path, and an earlier broadcast multiply-and-sum (one pass, no
     cache copy) was handed to a library fusion that ran at ~1 GB/s: on `bench`, decode at
     batch 64 and context 1024 took 427-490 ms with it and 157-220 ms with this form (batch 1:
     the same). XLA's simplifier folds a transpose of the scores back into the slow
     orientation, so mask, softmax (over S, axis 2) and the values product all keep this
-    layout. Returns [B, 1, K, G, Hv]."""
+    layout. Returns [B, 1, K, G, U]."""
     with jax.named_scope("attn_scores"):
         s = jnp.einsum("BKSH,BKGH->BKSG", k, q[:, 0]) * scale  # [B, K, S, G]
         if softcap is not None:
@@ -166,4 +167,4 @@ def attend_one(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale:
         else:
             p = jax.nn.softmax(s, axis=2)
     with jax.named_scope("attn_values"):
-        return jnp.einsum("BKSG,BKSH->BKGH", p.astype(v.dtype), v)[:, None]  # [B, 1, K, G, Hv]
+        return jnp.einsum("BKSG,BKSU->BKGU", p.astype(v.dtype), v)[:, None]  # [B, 1, K, G, U]

@@ -56,7 +56,7 @@ class GroupedQueryAttention(AttentionLayer):
     MEASURE = {"mha": ("context",), "gqa": ("context", "quick", "quick context")}
 
     def __init__(self, cfg: ModelConfig, *, kind: str, rngs: nnx.Rngs):
-        D, N, H, K = cfg.d_model, cfg.n_heads, cfg.head_size, kv_heads(cfg, kind)
+        D, N, H, K = cfg.d_model, cfg.n_heads, cfg.resolved_head_dim, kv_heads(cfg, kind)
         dtype = jnp.dtype(cfg.dtype)
         self.cfg, self.K = cfg, K
         # Weights are 2-D, [in, out] with the heads folded into one axis: XLA:CPU runs a
@@ -84,7 +84,7 @@ class GroupedQueryAttention(AttentionLayer):
         (positions [T], or [B, T] for a position per sequence)."""
         cfg = self.cfg
         B, T, _ = x.shape
-        N, K, H = cfg.n_heads, self.K, cfg.head_size
+        N, K, H = cfg.n_heads, self.K, cfg.resolved_head_dim
         with jax.named_scope("qkv_proj"):
             q = (x @ self.wq[...]).reshape(B, T, N, H)
             k = (x @ self.wk[...]).reshape(B, T, K, H)
@@ -131,7 +131,7 @@ class GroupedQueryAttention(AttentionLayer):
 
     @classmethod
     def init_cache(cls, cfg: ModelConfig, kind: str, batch: int, max_len: int) -> KVCache:
-        shape = (batch, kv_heads(cfg, kind), max_len, cfg.head_size)
+        shape = (batch, kv_heads(cfg, kind), max_len, cfg.resolved_head_dim)
         dtype = jnp.dtype(cfg.dtype)
         return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
 
@@ -139,7 +139,7 @@ class GroupedQueryAttention(AttentionLayer):
 
     @classmethod
     def param_counts(cls, cfg: ModelConfig, kind: str) -> dict[str, int]:
-        D, N, H, K = cfg.d_model, cfg.n_heads, cfg.head_size, kv_heads(cfg, kind)
+        D, N, H, K = cfg.d_model, cfg.n_heads, cfg.resolved_head_dim, kv_heads(cfg, kind)
         out = {"wq": D * N * H, "wk": D * K * H, "wv": D * K * H, "wo": N * H * D}
         if cfg.attn_bias:
             out["biases"] = N * H + 2 * K * H + D
@@ -154,7 +154,7 @@ class GroupedQueryAttention(AttentionLayer):
     @classmethod
     def cache_bytes(cls, cfg: ModelConfig, kind: str, batch: int, context: int,
                     dt: Dtypes) -> float:
-        return 2.0 * batch * context * kv_heads(cfg, kind) * cfg.head_size * dt.kv_size
+        return 2.0 * batch * context * kv_heads(cfg, kind) * cfg.resolved_head_dim * dt.kv_size
 
     @classmethod
     def costs(cls, cfg: ModelConfig, kind: str, batch: int, new: int, context: int,
@@ -165,29 +165,29 @@ class GroupedQueryAttention(AttentionLayer):
 def gqa_costs(cfg: ModelConfig, K: int, batch: int, new: int, keys: int,
               dt: Dtypes) -> dict[str, Cost]:
     """One layer: `new` queries per sequence attend to `keys` cached positions each."""
-    D, N, H = cfg.d_model, cfg.n_heads, cfg.head_size
-    M = batch * new  # query tokens
-    qkv = matmul(M, D, (N + 2 * K) * H, dt)
+    D, N, H = cfg.d_model, cfg.n_heads, cfg.resolved_head_dim
+    BT = batch * new  # query tokens
+    qkv = matmul(BT, D, (N + 2 * K) * H, dt)
     if cfg.attn_bias:
-        qkv = qkv + Cost(flops=M * (N + 2 * K) * H, weight_bytes=(N + 2 * K) * H * dt.weight_size)
-    rope_cost = Cost(flops=ROPE_FLOPS * M * (N + K) * cfg.rotary_dim) if cfg.position == "rope" \
+        qkv = qkv + Cost(flops=BT * (N + 2 * K) * H, weight_bytes=(N + 2 * K) * H * dt.weight_size)
+    rope_cost = Cost(flops=ROPE_FLOPS * BT * (N + K) * cfg.rotary_dim) if cfg.position == "rope" \
         else Cost()
-    qk_norm = Cost(flops=QK_NORM_FLOPS * M * (N + K) * H, weight_bytes=2 * H * dt.weight_size) \
+    qk_norm = Cost(flops=QK_NORM_FLOPS * BT * (N + K) * H, weight_bytes=2 * H * dt.weight_size) \
         if cfg.qk_norm else Cost()
-    scores = Cost(flops=2.0 * M * N * keys * H, kv_bytes=batch * keys * K * H * dt.kv_size)
+    scores = Cost(flops=2.0 * BT * N * keys * H, kv_bytes=batch * keys * K * H * dt.kv_size)
     if cfg.attn_softcap is not None:
-        scores = scores + Cost(flops=SOFTCAP_FLOPS * M * N * keys)
-    softmax = Cost(flops=ATTN_SOFTMAX_FLOPS * M * N * keys + (SINK_FLOPS * M * N if cfg.attn_sinks
+        scores = scores + Cost(flops=SOFTCAP_FLOPS * BT * N * keys)
+    softmax = Cost(flops=ATTN_SOFTMAX_FLOPS * BT * N * keys + (SINK_FLOPS * BT * N if cfg.attn_sinks
                                                          else 0))
     if cfg.attn_sinks:
         softmax = softmax + Cost(weight_bytes=N * dt.weight_size)
-    values = Cost(flops=2.0 * M * N * keys * H, kv_bytes=batch * keys * K * H * dt.kv_size)
-    write = Cost(kv_bytes=2.0 * M * K * H * dt.kv_size)
-    out = matmul(M, N * H, D, dt)
+    values = Cost(flops=2.0 * BT * N * keys * H, kv_bytes=batch * keys * K * H * dt.kv_size)
+    write = Cost(kv_bytes=2.0 * BT * K * H * dt.kv_size)
+    out = matmul(BT, N * H, D, dt)
     if cfg.attn_out_gate:
-        out = out + matmul(M, D, N * H, dt) + Cost(flops=GATE_FLOPS * M * N * H)
+        out = out + matmul(BT, D, N * H, dt) + Cost(flops=GATE_FLOPS * BT * N * H)
     if cfg.attn_bias:
-        out = out + Cost(flops=M * D, weight_bytes=D * dt.weight_size)
+        out = out + Cost(flops=BT * D, weight_bytes=D * dt.weight_size)
     return {"qkv_proj": qkv, "qk_norm": qk_norm, "rope": rope_cost, "kv_write": write,
             "attn_scores": scores, "attn_softmax": softmax, "attn_values": values,
             "out_proj": out}

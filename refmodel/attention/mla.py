@@ -9,7 +9,7 @@ it stands for). The per-head keys and values are linear in the latent: k_nope = 
 v = c W_UV, with W_UK and W_UV the two halves of `wkv_b` [R, N, P + U].
 
 Letters local to this file (the rest are the package alphabet, `refmodel/__init__.py`):
-C q_lora_rank (compressed query), P qk_nope_dim, Q qk_rope_dim, U v_head_dim,
+Y q_lora_rank (compressed query), P qk_nope_dim, Q qk_rope_dim, U v_head_dim,
 H = P + Q the query/key head dim (as in GQA). Softmax scale H**-0.5 (no YaRN mscale).
 
 Two ways to attend, selected by `cfg.mla_absorb` (both give the same logits):
@@ -104,14 +104,14 @@ class MultiHeadLatentAttention(AttentionLayer):
         return f"{kind} absorbed" if cfg.mla_absorb else f"{kind} naive"
 
     def __init__(self, cfg: ModelConfig, *, kind: str, rngs: nnx.Rngs):
-        D, N, C, R = cfg.d_model, cfg.n_heads, cfg.q_lora_rank, cfg.kv_lora_rank
+        D, N, Y, R = cfg.d_model, cfg.n_heads, cfg.q_lora_rank, cfg.kv_lora_rank
         P, Q, U = cfg.qk_nope_dim, cfg.qk_rope_dim, cfg.v_head_dim
         dtype = jnp.dtype(cfg.dtype)
         self.cfg = cfg
-        if C > 0:
-            self.wq_a = param(rngs, (D, C), D, dtype)  # [D, C]
-            self.q_norm = nnx.RMSNorm(C, epsilon=cfg.norm_eps, param_dtype=dtype, rngs=rngs)
-            self.wq_b = param(rngs, (C, N, P + Q), C, dtype)  # [C, N, H]
+        if Y > 0:
+            self.wq_a = param(rngs, (D, Y), D, dtype)  # [D, Y]
+            self.q_norm = nnx.RMSNorm(Y, epsilon=cfg.norm_eps, param_dtype=dtype, rngs=rngs)
+            self.wq_b = param(rngs, (Y, N, P + Q), Y, dtype)  # [Y, N, H]
         else:
             self.wq = param(rngs, (D, N, P + Q), D, dtype)  # [D, N, H]
         self.wkv_a = param(rngs, (D, R + Q), D, dtype)  # [D, R + Q]
@@ -125,8 +125,8 @@ class MultiHeadLatentAttention(AttentionLayer):
         cfg, P, R = self.cfg, self.cfg.qk_nope_dim, self.cfg.kv_lora_rank
         with jax.named_scope("qkv_proj"):
             if cfg.q_lora_rank > 0:
-                cq = self.q_norm(x @ self.wq_a[...])  # [B, T, C]
-                q = jnp.einsum("BTC,CNH->BTNH", cq, self.wq_b[...])  # [B, T, N, H]
+                cq = self.q_norm(x @ self.wq_a[...])  # [B, T, Y]
+                q = jnp.einsum("BTY,YNH->BTNH", cq, self.wq_b[...])  # [B, T, N, H]
             else:
                 q = jnp.einsum("BTD,DNH->BTNH", x, self.wq[...])  # [B, T, N, H]
             kv = x @ self.wkv_a[...]  # [B, T, R + Q]
@@ -198,9 +198,9 @@ class MultiHeadLatentAttention(AttentionLayer):
 
     @classmethod
     def param_counts(cls, cfg: ModelConfig, kind: str) -> dict[str, int]:
-        D, N, C, R = cfg.d_model, cfg.n_heads, cfg.q_lora_rank, cfg.kv_lora_rank
+        D, N, Y, R = cfg.d_model, cfg.n_heads, cfg.q_lora_rank, cfg.kv_lora_rank
         P, Q, U = cfg.qk_nope_dim, cfg.qk_rope_dim, cfg.v_head_dim
-        q = {"wq_a": D * C, "q_norm": C, "wq_b": C * N * (P + Q)} if C > 0 \
+        q = {"wq_a": D * Y, "q_norm": Y, "wq_b": Y * N * (P + Q)} if Y > 0 \
             else {"wq": D * N * (P + Q)}
         return {**q, "wkv_a": D * (R + Q), "kv_norm": R, "wkv_b": R * N * (P + U),
                 "wo": N * U * D}
@@ -215,22 +215,22 @@ class MultiHeadLatentAttention(AttentionLayer):
               dt: Dtypes) -> dict[str, Cost]:
         """One layer with a cache: `new` queries per sequence attend to keys = context + new
         positions, in the form `cfg.mla_absorb` selects (the cache-free forward is naive)."""
-        D, N, C, R = cfg.d_model, cfg.n_heads, cfg.q_lora_rank, cfg.kv_lora_rank
+        D, N, Y, R = cfg.d_model, cfg.n_heads, cfg.q_lora_rank, cfg.kv_lora_rank
         P, Q, U = cfg.qk_nope_dim, cfg.qk_rope_dim, cfg.v_head_dim
-        M, keys = batch * new, context + new  # query tokens, key positions per sequence
-        if C > 0:
-            qkv = matmul(M, D, C, dt) + matmul(M, C, N * (P + Q), dt)
-            qkv = qkv + Cost(flops=NORM_FLOPS * M * C, weight_bytes=C * dt.weight_size)
+        BT, keys = batch * new, context + new  # query tokens, key positions per sequence
+        if Y > 0:
+            qkv = matmul(BT, D, Y, dt) + matmul(BT, Y, N * (P + Q), dt)
+            qkv = qkv + Cost(flops=NORM_FLOPS * BT * Y, weight_bytes=Y * dt.weight_size)
         else:
-            qkv = matmul(M, D, N * (P + Q), dt)
-        qkv = qkv + matmul(M, D, R + Q, dt) + Cost(flops=NORM_FLOPS * M * R,
+            qkv = matmul(BT, D, N * (P + Q), dt)
+        qkv = qkv + matmul(BT, D, R + Q, dt) + Cost(flops=NORM_FLOPS * BT * R,
                                                     weight_bytes=R * dt.weight_size)
-        rope_cost = Cost(flops=ROPE_FLOPS * M * (N + 1) * Q) if cfg.position == "rope" \
+        rope_cost = Cost(flops=ROPE_FLOPS * BT * (N + 1) * Q) if cfg.position == "rope" \
             else Cost()
         ops = {"qkv_proj": qkv, "rope": rope_cost,
-               "kv_write": Cost(kv_bytes=M * (R + Q) * dt.kv_size),
-               "attn_softmax": Cost(flops=ATTN_SOFTMAX_FLOPS * M * N * keys),
-               "out_proj": matmul(M, N * U, D, dt)}
+               "kv_write": Cost(kv_bytes=BT * (R + Q) * dt.kv_size),
+               "attn_softmax": Cost(flops=ATTN_SOFTMAX_FLOPS * BT * N * keys),
+               "out_proj": matmul(BT, N * U, D, dt)}
         core = absorbed_costs if cfg.mla_absorb else naive_costs
         return {**ops, **core(cfg, batch, new, keys, dt)}
 
@@ -241,12 +241,12 @@ def naive_costs(cfg: ModelConfig, batch: int, new: int, keys: int,
     expanded [B, N, S, P + U] is written once and read back once (activation bytes)."""
     N, R, P, Q, U = (cfg.n_heads, cfg.kv_lora_rank, cfg.qk_nope_dim, cfg.qk_rope_dim,
                      cfg.v_head_dim)
-    M, BS = batch * new, batch * keys
+    BT, BS = batch * new, batch * keys
     expand = Cost(flops=2.0 * BS * R * N * (P + U), weight_bytes=R * N * (P + U) * dt.weight_size,
                   kv_bytes=BS * R * dt.kv_size, act_bytes=2.0 * BS * N * (P + U) * dt.act_size)
     return {"kv_expand": expand, "absorb": Cost(),
-            "attn_scores": Cost(flops=2.0 * M * N * keys * (P + Q), kv_bytes=BS * Q * dt.kv_size),
-            "attn_values": Cost(flops=2.0 * M * N * keys * U)}
+            "attn_scores": Cost(flops=2.0 * BT * N * keys * (P + Q), kv_bytes=BS * Q * dt.kv_size),
+            "attn_values": Cost(flops=2.0 * BT * N * keys * U)}
 
 
 def absorbed_costs(cfg: ModelConfig, batch: int, new: int, keys: int,
@@ -255,10 +255,10 @@ def absorbed_costs(cfg: ModelConfig, batch: int, new: int, keys: int,
     scores over R + Q channels read the latent cache once and the values reuse it."""
     N, R, P, Q, U = (cfg.n_heads, cfg.kv_lora_rank, cfg.qk_nope_dim, cfg.qk_rope_dim,
                      cfg.v_head_dim)
-    M, BS = batch * new, batch * keys
-    absorb = N * matmul(M, P, R, dt) + N * matmul(M, R, U, dt)
-    # + M N keys: the sum of the latent and the rope score.
-    scores = Cost(flops=2.0 * M * N * keys * (R + Q) + M * N * keys,
+    BT, BS = batch * new, batch * keys
+    absorb = N * matmul(BT, P, R, dt) + N * matmul(BT, R, U, dt)
+    # + BT N keys: the sum of the latent and the rope score.
+    scores = Cost(flops=2.0 * BT * N * keys * (R + Q) + BT * N * keys,
                   kv_bytes=BS * (R + Q) * dt.kv_size)
     return {"kv_expand": Cost(), "absorb": absorb, "attn_scores": scores,
-            "attn_values": Cost(flops=2.0 * M * N * keys * R)}
+            "attn_values": Cost(flops=2.0 * BT * N * keys * R)}

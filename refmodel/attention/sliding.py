@@ -114,7 +114,7 @@ class SlidingWindowAttention(GroupedQueryAttention):
     @classmethod
     def init_cache(cls, cfg: ModelConfig, kind: str, batch: int, max_len: int) -> RingCache:
         """W slots whatever max_len is (max_len is ignored: the ring never fills up)."""
-        shape = (batch, kv_heads(cfg, kind), cfg.window, cfg.head_size)
+        shape = (batch, kv_heads(cfg, kind), cfg.window, cfg.resolved_head_dim)
         dtype = jnp.dtype(cfg.dtype)
         return RingCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
                          pos=jnp.full((batch, cfg.window), -1, jnp.int32))
@@ -129,7 +129,7 @@ class SlidingWindowAttention(GroupedQueryAttention):
         front (`init_cache`), whatever the context. The W int32 positions of each sequence
         are left out: 4 B W bytes per layer."""
         keys = min(context, cfg.window)
-        return 2.0 * batch * keys * kv_heads(cfg, kind) * cfg.head_size * dt.kv_size
+        return 2.0 * batch * keys * kv_heads(cfg, kind) * cfg.resolved_head_dim * dt.kv_size
 
     @classmethod
     def costs(cls, cfg: ModelConfig, kind: str, batch: int, new: int, context: int,
@@ -138,11 +138,11 @@ class SlidingWindowAttention(GroupedQueryAttention):
         min(S + 1, W) at decode), plus `RING_OP`: the masked slots this ring scores on top
         (it executes W keys at decode, W + new at prefill). Only the last min(new, W) keys
         are written."""
-        K, W = kv_heads(cfg, kind), cfg.window
+        K, W, H = kv_heads(cfg, kind), cfg.window, cfg.resolved_head_dim
         engine = min(context, W - 1) + new
         executed = W if new == 1 else W + new
         out = gqa_costs(cfg, K, batch, new, engine, dt)
         ring = gqa_costs(cfg, K, batch, new, executed, dt)
         out[RING_OP] = sum((ring[op] + (-1.0) * out[op] for op in RING_OPS), Cost())
-        out["kv_write"] = Cost(kv_bytes=2.0 * batch * min(new, W) * K * cfg.head_size * dt.kv_size)
+        out["kv_write"] = Cost(kv_bytes=2.0 * batch * min(new, W) * K * H * dt.kv_size)
         return out

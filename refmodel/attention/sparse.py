@@ -125,7 +125,7 @@ class SparseAttention(GroupedQueryAttention):
 
     @classmethod
     def init_cache(cls, cfg: ModelConfig, kind: str, batch: int, max_len: int) -> SparseCache:
-        shape = (batch, kv_heads(cfg, kind), max_len, cfg.head_size)
+        shape = (batch, kv_heads(cfg, kind), max_len, cfg.resolved_head_dim)
         dtype = jnp.dtype(cfg.dtype)
         return SparseCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
                            k_idx=jnp.zeros((batch, max_len, cfg.indexer_dim), dtype))
@@ -148,8 +148,8 @@ class SparseAttention(GroupedQueryAttention):
     def costs(cls, cfg: ModelConfig, kind: str, batch: int, new: int, context: int,
               dt: Dtypes) -> dict[str, Cost]:
         """`new` queries per sequence over S = context + new keys, k = min(top_k, S) each."""
-        K, H, I, J = kv_heads(cfg, kind), cfg.head_size, cfg.indexer_heads, cfg.indexer_dim
-        S, M = context + new, batch * new
+        K, H, I, J = kv_heads(cfg, kind), cfg.resolved_head_dim, cfg.indexer_heads, cfg.indexer_dim
+        S, BT = context + new, batch * new
         n = min(cfg.sparse_top_k, S)
         out = gqa_costs(cfg, K, batch, new, n, dt)  # scores, softmax, values over k keys
         # The selected K/V are gathered in topk_select, so attn_scores/values read no cache:
@@ -158,11 +158,11 @@ class SparseAttention(GroupedQueryAttention):
         out["attn_scores"] = Cost(flops=out["attn_scores"].flops)
         out["attn_values"] = Cost(flops=out["attn_values"].flops)
         out["indexer"] = (
-            matmul(M, cfg.d_model, I * J + J + I, dt)  # q_idx, k_idx and w projections
-            + Cost(flops=2.0 * M * S * I * J + INDEX_FLOPS * M * S * I,
+            matmul(BT, cfg.d_model, I * J + J + I, dt)  # q_idx, k_idx and w projections
+            + Cost(flops=2.0 * BT * S * I * J + INDEX_FLOPS * BT * S * I,
                    kv_bytes=batch * (S + new) * J * dt.kv_size)  # read S keys, write `new`
         )
         # top-k and gathers count 0 FLOPs (as in XLA's cost analysis): selection moves the
         # [B, T, S] index scores and the selected K/V, and multiplies nothing.
-        out["topk_select"] = Cost(kv_bytes=gathered, act_bytes=M * S * dt.act_size)
+        out["topk_select"] = Cost(kv_bytes=gathered, act_bytes=BT * S * dt.act_size)
         return out

@@ -16,21 +16,25 @@ Read in this order; each file is short and pure Python (numpy for statistics):
                   prompts, multi-turn chat, few-shot prefixes
     metrics.py    TTFT, TPOT, inter-token latency, end-to-end latency, percentiles,
                   throughput, goodput under SLOs (DistServe, Zhong et al. 2024), utilization
+    engine.py     Engine: the scheduler's plans on a real model, its caches in pages (and
+                  state slots) gathered through block tables; warmup, run, per-step log
 
 Separation (as SGLang keeps it): the pool knows which pages are free, the radix cache knows
 which prefixes are cached, the scheduler decides who runs next; none of them sees the model.
 
-How an engine (engine.py, once the model takes a position per batch row) drives them:
+What the engine (engine.py: the model's caches in pages, `Engine(model, num_pages).run(
+requests)`) does with them, by hand:
 
-    pool = PagePool(num_pages=P, page_size=16); cache = RadixCache(pool)
+    pool = PagePool(num_pages=512, page_size=16); cache = RadixCache(pool)
     sched = Scheduler(pool, policy="mixed", token_budget=512, cache=cache)
     sched.submit(workloads.shared_prefix(n=100, rate=4.0))
     while not sched.done:
         plan = sched.schedule(now)
         # for each Chunk c in plan.prefill + plan.decode: write the KV of c.tokens at
         # positions c.start.. into the pages pool.block_table(c.seq) names (row
-        # table[pos // page_size], offset pos % page_size, in per-layer [P, page_size, ...]
-        # arrays), attend through the block table, and sample where c.samples
+        # table[pos // page_size], offset pos % page_size, in per-layer
+        # [num_pages, page_size, ...] arrays), attend through the block table, and sample
+        # where c.samples
         sched.commit(plan, sampled={seq_id: token, ...}, now=clock())
     report = metrics.summarize([metrics.Timeline.of(s) for s in sched.finished.values()],
                                ttft_slo=0.5, tpot_slo=0.05)

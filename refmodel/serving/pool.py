@@ -1,25 +1,26 @@
 """The paged KV memory pool's accounting: which page belongs to whom. No arrays live here.
 
 The design is vLLM's PagedAttention (Kwon et al. 2023, "Efficient Memory Management for Large
-Language Model Serving with PagedAttention"): memory for the KV cache is cut into P fixed-size
-pages of `page_size` tokens, named by integer ids 0..P-1; each sequence owns a *block table*,
-the list of its page ids in token order, which grows a page at a time as tokens are appended.
+Language Model Serving with PagedAttention"): memory for the KV cache is cut into `num_pages`
+fixed-size pages of `page_size` tokens, named by integer ids 0, 1, ...; each sequence owns a
+*block table*, the list of its page ids in token order, which grows a page at a time as
+tokens are appended.
 Nothing is reserved for a sequence's maximum length, so the batch is limited by the tokens
 actually held, not by the longest possible request.
 
-How an engine maps ids to memory (it preallocates, per layer, arrays with P rows):
+How the engine (engine.py) maps ids to memory: per layer, one preallocated array per cache
+leaf with a row per page id:
 
-    full attention   k, v: [P, page_size, K, H]      token t of a sequence with table bt
-                                                     lives at row bt[t // page_size],
-                                                     offset t % page_size
-    MLA              latent: [P, page_size, R] (+ its rope key), the same addressing
-    state layers     flat:  [P, page_elems]          a *slot* is `slot_pages` pages; the
-    (window rings,                                   state is the concatenation of its pages'
-     linear states)                                  rows, cut to the state's size and reshaped
+    full attention   k, v: [num_pages, page_size, ...]   token t of a sequence with table bt
+    MLA              latent, rope key: the same          lives at row bt[t // page_size],
+                                                         offset t % page_size
+    state layers     [num_pages, ...state]               a *slot* is `slot_pages` pages; the
+    (window rings,                                       state lives in the row of its first
+     linear states)                                      page
 
-so one budget of P pages pays for both per-token KV and per-sequence state, and a hybrid
-model allocates both from it. (With per-layer arrays, a page id used for KV leaves that row
-unused in the state layers and vice versa; vLLM's hybrid allocator groups layers to avoid
+so one budget of num_pages pages pays for both per-token KV and per-sequence state, and a
+hybrid model allocates both from it. (With per-layer arrays, a page id used for KV leaves that
+row unused in the state layers and vice versa; vLLM's hybrid allocator groups layers to avoid
 that waste. This module only counts pages and does not care which layout the engine picks.)
 
 Each page is in exactly one of three states, checked by `check()`:
@@ -52,7 +53,7 @@ def pages_for(tokens: int, page_size: int) -> int:
 
 
 class PagePool:
-    """P pages of `page_size` tokens: a free list, reference counts and block tables."""
+    """`num_pages` pages of `page_size` tokens: a free list, reference counts, block tables."""
 
     def __init__(self, num_pages: int, page_size: int, slot_pages: int = 1):
         for name, value in [("num_pages", num_pages), ("page_size", page_size),

@@ -64,6 +64,7 @@ class RadixCache:
         self.root = Node(key=(), pages=[], parent=None, lock=1)  # never evicted
         self.clock = 0
         self.hit_tokens = self.miss_tokens = 0
+        self.evicted_pages = 0  # over the cache's life
 
     @property
     def hit_rate(self) -> float:
@@ -172,6 +173,7 @@ class RadixCache:
             del parent.children[leaf.key[:self.page_size]]
             if self._evictable(parent):
                 heapq.heappush(heap, (parent.last_access, parent.serial, parent))
+        self.evicted_pages += freed
         return freed
 
     def _evictable(self, node: Node) -> bool:

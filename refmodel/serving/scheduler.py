@@ -65,12 +65,15 @@ class Scheduler:
 
     # ---- the outside ----------------------------------------------------------------------
     def submit(self, requests: Iterable[Request]) -> None:
-        """Queue requests; one that could never fit the pool is a ValueError."""
+        """Queue requests, all or none; one that could never fit the pool is a ValueError."""
+        requests, ids = list(requests), set()
         for r in requests:
-            if r.id in self._ids:
+            if r.id in self._ids or r.id in ids:
                 raise ValueError(f"request id {r.id} was submitted twice")
+            ids.add(r.id)
             held = len(r.prompt) + r.max_new_tokens - 1  # the last token's KV is never needed
             self.pool.capacity_check(held, self.slots, f"request {r.id}")
+        for r in requests:
             self._ids.add(r.id)
             heapq.heappush(self.pending, (r.arrival, r.id, r))
 

@@ -1,0 +1,509 @@
+"""The engine: a Scheduler's plans run on a real model whose KV cache lives in pages.
+
+Memory. For every layer, each leaf of the variant's cache is one of two kinds, found from the
+shapes `init_cache` gives at two lengths (no variant names a kind here):
+
+    per-token leaf  (GQA k, v; MLA latent, rope key; the sparse indexer's keys) - its token
+                    axis grows with max_len. Stored as one preallocated array per leaf,
+                    [num_pages + 1, page_size, ...rest]: row p is page p, the last row a
+                    scratch page that padding rows write to. Token t of a sequence with
+                    block table bt lives at row bt[t // page_size], offset t % page_size.
+    state leaf      (a sliding window's ring, a linear layer's recurrent state and conv
+                    inputs) - the same size at any length. Stored as [num_pages + 1,
+                    ...leaf]: a sequence's state lives in the row of its slot's first page.
+
+One pool of page ids pays for both (pool.py): a slot is `slot_pages` pages, enough that the
+state's bytes fit in that many pages' worth of KV, so a hybrid model's budget is honest. (The
+state arrays keep a row per page id for simplicity: they allocate slot_pages times more than
+the budget counts. An engine tuned for memory packs state into the pages' own bytes.)
+
+A step. For each model call the engine builds, for the B rows it runs, a contiguous view of
+every cache by gathering pages through the block tables ([B, n * page_size] tokens: the
+pages of max_len plus room for padding, or a power of two that covers the rows), runs the
+unchanged model on it (the variants see an ordinary `Cache` with per-row positions), and
+scatters the T new tokens' KV back into their pages and the new states into their slots.
+Gather-then-attend is the paged decode attention of this reference engine: it reads every
+cached byte once more than a fused paged kernel (vLLM's PagedAttention reads the pages
+inside the attention kernel); the serve benchmark measures what that costs against
+`Phases`' contiguous decode.
+
+One call per prefill chunk (B = 1, T padded to a power of two: extra causal tokens change
+nothing before them; a model with state layers, whose state would absorb padding, instead
+runs a chunk of 13 tokens as calls of 8, 4 and 1), and one batched call for all of a step's
+decodes (B padded to a power of two; padding rows read and write the scratch page). So the
+shapes are few and known in advance: `warmup()` compiles them before the clock starts.
+Tokens are greedy (temperature 0) or sampled with a key per (request, token index), so a
+request's tokens do not depend on its batch-mates.
+
+Prefix caching needs the KV of a prefix to be reusable by another sequence. Pages are; a
+recurrent state or a ring at the end of a prefix is not kept (SGLang keeps Mamba state
+snapshots at tree nodes for this), so models with state layers run without the radix cache.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from refmodel.model import Transformer, init_cache
+from refmodel.serving.pool import PagePool
+from refmodel.serving.radix import RadixCache
+from refmodel.serving.request import Chunk, Plan, Request
+from refmodel.serving.scheduler import Scheduler
+
+SHAPES = ("pow2", "fixed")
+
+
+def powers_of_two(n: int) -> list[int]:
+    """n as a sum of distinct powers of two, largest first: 13 -> [8, 4, 1]."""
+    return [1 << k for k in reversed(range(n.bit_length())) if n >> k & 1]
+
+
+def bucket(n: int) -> int:
+    """The power of two >= n (>= 1): shapes the jitted step is compiled for."""
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One cache leaf of one layer: `axis` is its token axis, None for a state leaf."""
+
+    layer: int
+    index: int  # position among the layer's flattened leaves
+    axis: int | None
+    shape: tuple[int, ...]  # of one sequence's leaf (batch 1) at the probe length
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where every cache leaf of a model lives in the pool's arrays (hashable: a jit key)."""
+
+    page_size: int
+    leaves: tuple[Leaf, ...]
+    treedefs: tuple  # per layer: the treedef of its variant cache (None: no mixer)
+
+    @classmethod
+    def of(cls, cfg, page_size: int) -> Layout:
+        a, b = page_size, 2 * page_size
+        ca = jax.eval_shape(lambda: init_cache(cfg, 1, a))
+        cb = jax.eval_shape(lambda: init_cache(cfg, 1, b))
+        leaves, treedefs = [], []
+        for i, (la, lb) in enumerate(zip(ca.layers, cb.layers, strict=True)):
+            flat_a, treedef = jax.tree.flatten(la)
+            treedefs.append(treedef)
+            for j, (x, y) in enumerate(zip(flat_a, jax.tree.leaves(lb), strict=True)):
+                grown = [k for k in range(x.ndim) if x.shape[k] != y.shape[k]]
+                if len(grown) > 1 or (grown and (x.shape[grown[0]], y.shape[grown[0]]) != (a, b)):
+                    raise ValueError(f"layer {i} cache leaf {j}: shapes {x.shape} at max_len {a} "
+                                     f"and {y.shape} at {b}; the engine pages a leaf whose one "
+                                     "token axis has max_len entries")
+                leaves.append(Leaf(i, j, grown[0] if grown else None, tuple(x.shape),
+                                   str(x.dtype)))
+        return cls(page_size, tuple(leaves), tuple(treedefs))
+
+    @property
+    def has_state(self) -> bool:
+        return any(leaf.axis is None for leaf in self.leaves)
+
+    def page_bytes(self) -> int:
+        """Bytes of one page: page_size tokens of every per-token leaf of every layer."""
+        return sum(self.page_size * _elems(lf.shape) // lf.shape[lf.axis] * _size(lf.dtype)
+                   for lf in self.leaves if lf.axis is not None)
+
+    def state_bytes(self) -> int:
+        """Bytes of one sequence's state over all layers."""
+        return sum(_elems(lf.shape) * _size(lf.dtype) for lf in self.leaves if lf.axis is None)
+
+    def slot_pages(self) -> int:
+        """Pages a sequence's state slot costs in the pool's budget (1 if nothing is paged)."""
+        per_page = self.page_bytes()
+        return max(1, -(-self.state_bytes() // per_page)) if per_page else 1
+
+    def allocate(self, num_pages: int) -> tuple[jax.Array, ...]:
+        """Zeroed arrays, one per leaf: [rows + 1, page_size, ...rest] or [rows + 1, ...state]."""
+        out = []
+        for lf in self.leaves:
+            if lf.axis is None:
+                shape = (num_pages + 1, *lf.shape[1:])
+            else:
+                rest = [d for k, d in enumerate(lf.shape) if k not in (0, lf.axis)]
+                shape = (num_pages + 1, self.page_size, *rest)
+            out.append(jnp.zeros(shape, lf.dtype))
+        return tuple(out)
+
+    def initial_states(self, cfg) -> tuple[jax.Array | None, ...]:
+        """Each state leaf of a fresh sequence (batch 1), e.g. a ring's positions of -1."""
+        cache = init_cache(cfg, 1, self.page_size)
+        flat = [jax.tree.leaves(layer) for layer in cache.layers]
+        return tuple(flat[lf.layer][lf.index] if lf.axis is None else None
+                     for lf in self.leaves)
+
+    # ---- inside the jitted step ------------------------------------------------------------
+    def gather(self, arrays, init, tables, slots, fresh, layer: int):
+        """Layer `layer`'s cache for B rows (None for a layer without a mixer): tables int32
+        [B, n] page ids, slots int32 [B], fresh bool [B] (a row whose state starts from
+        `init`)."""
+        if self.treedefs[layer].num_leaves == 0:
+            return None
+        B, n = tables.shape
+        leaves = []
+        for lf, arr, x0 in zip(self.leaves, arrays, init, strict=True):
+            if lf.layer != layer:
+                continue
+            if lf.axis is None:
+                x = arr[slots]  # [B, ...state]
+                f = fresh.reshape((B,) + (1,) * (x.ndim - 1))
+                x = jnp.where(f, x0.astype(x.dtype), x)
+            else:
+                x = arr[tables]  # [B, n, page, ...rest]
+                x = x.reshape(B, n * self.page_size, *x.shape[3:])  # [B, S, ...rest]
+                x = jnp.moveaxis(x, 1, lf.axis)
+            leaves.append(x)
+        return jax.tree.unflatten(self.treedefs[layer], leaves)
+
+    def scatter(self, arrays: list, cache, tables, slots, start, new, T: int, layer: int):
+        """Write layer `layer`'s part back into `arrays` (a list, updated): each row's `new`
+        [B] tokens' KV (positions start .. start + new - 1, read from the updated contiguous
+        `cache`) into their pages, and each row's state into its slot. Positions past `new`
+        (padding) go to the scratch page."""
+        B, n = tables.shape
+        ps, scratch = self.page_size, arrays[0].shape[0] - 1
+        pos = start[:, None] + jnp.arange(T)  # [B, T]
+        real = jnp.arange(T)[None] < new[:, None]  # [B, T]
+        page = jnp.take_along_axis(tables, jnp.clip(pos // ps, 0, n - 1), axis=1)
+        page, off = jnp.where(real, page, scratch), jnp.where(real, pos % ps, 0)  # [B, T]
+        rows = jnp.arange(B)[:, None]
+        flat = jax.tree.leaves(cache)
+        for k, lf in enumerate(self.leaves):
+            if lf.layer != layer:
+                continue
+            x, arr = flat[lf.index], arrays[k]
+            if lf.axis is None:
+                arrays[k] = arr.at[slots].set(x.astype(arr.dtype))
+                continue
+            x = jnp.moveaxis(x, lf.axis, 1)  # [B, S, ...rest]
+            vals = x[rows, jnp.clip(pos, 0, x.shape[1] - 1)]  # [B, T, ...rest]
+            arrays[k] = arr.at[page, off].set(vals.astype(arr.dtype))
+
+
+TRACES = [0]  # how many times a step was traced (= compiled), over the process
+
+
+@functools.lru_cache(maxsize=64)
+def step_fn(graphdef, layout: Layout, greedy: bool):
+    """The jitted step for one model graph and layout: `fn(state, arrays, init, tokens,
+    tables, slots, start, new, fresh, temperature, keys) -> (tokens [B], arrays)`, arrays
+    donated. The graph is bound here, once: hashing it on every call as a static argument
+    costs more than a small model's whole decode step."""
+    return jax.jit(functools.partial(_step, graphdef, layout, greedy), donate_argnums=(1,))
+
+
+def _step(graphdef, layout: Layout, greedy: bool, state, arrays, init, tokens, tables, slots,
+          start, new, fresh, temperature, keys):
+    """One model call on B rows of T tokens through the pages -> (next token [B], arrays).
+
+    tokens int32 [B, T]; tables int32 [B, n]; slots int32 [B]; start int32 [B] (position of
+    each row's first token); new int32 [B] (real tokens per row, the rest is padding); fresh
+    bool [B] (state starts from scratch); keys [B] PRNG keys (unused when greedy)."""
+    TRACES[0] += 1
+    model = nnx.merge(graphdef, state)
+    B, T = tokens.shape
+    arrays = list(arrays)
+    # The model's own layer loop (Transformer.__call__), with each layer's view gathered
+    # just before the layer and its new tokens scattered right after: one layer's view is
+    # live at a time (it stays in cache), not every layer's at once.
+    x = model.embed_tokens(tokens, start)
+    for i, block in enumerate(model.blocks):
+        view = layout.gather(arrays, init, tables, slots, fresh, i)
+        x, view = block.mix(x, start, view)
+        if view is not None:
+            layout.scatter(arrays, view, tables, slots, start, new, T, i)
+        x = block.feed(x)
+    logits = model.head(x)  # [B, T, V]
+    arrays = tuple(arrays)
+    logits = logits[jnp.arange(B), jnp.maximum(new - 1, 0)]  # [B, V] at each row's last token
+    if greedy:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32), arrays
+    scaled = (logits - logits.max(axis=-1, keepdims=True)) / temperature
+    return jax.vmap(jax.random.categorical)(keys, scaled).astype(jnp.int32), arrays
+
+
+@dataclass
+class Step:
+    """What one engine step did and how long it took (seconds on the run's clock)."""
+
+    time: float
+    seconds: float
+    prefill: tuple[tuple[int, int], ...]  # (sequence id, tokens) of each prefill chunk
+    decode_rows: int
+    preempted: int
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(n for _, n in self.prefill)
+
+
+@dataclass
+class Run:
+    """The outcome of `Engine.run`: every request's output and timeline, and the run's log."""
+
+    outputs: dict[int, list[int]]
+    timelines: dict[int, object]
+    steps: list[Step]
+    usage: list[tuple[float, int, int]]  # (time, used pages, cached pages) after each step
+    hit_tokens: int
+    miss_tokens: int
+    preemptions: int
+    evicted_pages: int
+    compiles: int
+    prefix_cache: bool
+    num_pages: int
+
+
+class Engine:
+    """A model, a page pool (+ radix cache) and a scheduler: `run(requests)` serves them.
+
+    Bad input is a ValueError naming the field: zero pages, a prompt with ids outside the
+    vocabulary, a request longer than the pool or than a learned position table, asking for
+    a prefix cache on a model with state layers.
+    """
+
+    def __init__(self, model: Transformer, num_pages: int, page_size: int = 16,
+                 policy: str = "mixed", token_budget: int = 256, max_running: int = 32,
+                 prefix_cache: bool | None = None, cache_aware: bool = True,
+                 max_len: int | None = None, shapes: str = "pow2", temperature: float = 0.0,
+                 seed: int = 0, array_pages: int | None = None):
+        cfg = model.cfg
+        if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
+                and temperature >= 0):
+            raise ValueError(f"temperature={temperature!r} must be a finite number >= 0")
+        self.cfg, self.temperature, self.seed = cfg, float(temperature), seed
+        self.layout = Layout.of(cfg, page_size) if isinstance(page_size, int) \
+            and page_size > 0 else None
+        if self.layout is None:
+            raise ValueError(f"page_size={page_size!r} must be a positive integer")
+        state_layers = self.layout.has_state
+        if prefix_cache and state_layers:
+            raise ValueError(
+                "prefix_cache=True: this model has layers whose cache is a state (a sliding "
+                "window ring or a recurrent state), which a cached prefix cannot restore; "
+                "use prefix_cache=None (auto) or False")
+        self.pool = PagePool(num_pages, page_size, self.layout.slot_pages())
+        use_cache = not state_layers if prefix_cache is None else prefix_cache
+        self.cache = RadixCache(self.pool) if use_cache else None
+        self.scheduler = Scheduler(self.pool, policy, token_budget, max_running, self.cache,
+                                   cache_aware, slots=1 if state_layers else 0)
+        self.graphdef, self.state = nnx.split(model)
+        self.step = step_fn(self.graphdef, self.layout, self.temperature == 0.0)
+        self._temperature = jnp.float32(max(self.temperature, 1e-6))
+        self._placeholder: dict[int, jax.Array] = {}
+        self.init = self.layout.initial_states(cfg)
+        # array_pages >= num_pages: rows allocated (a pool-size sweep keeps one array shape,
+        # hence one compile, and lets the pool use only num_pages of them)
+        rows = num_pages if array_pages is None else array_pages
+        if not isinstance(rows, int) or rows < num_pages:
+            raise ValueError(f"array_pages={array_pages!r} must be an integer >= num_pages="
+                             f"{num_pages}")
+        self.arrays = self.layout.allocate(rows)
+        self.scratch = rows
+        if max_len is not None and (not isinstance(max_len, int) or max_len < 1):
+            raise ValueError(f"max_len={max_len!r} must be a positive integer or None")
+        # One view of max_len tokens for every call (vLLM's max_model_len): one compiled
+        # shape per (rows, tokens); None: the view is the rows' pages rounded up to 2^k.
+        self.max_len = max_len
+        self.view_pages = -(-max_len // page_size) if max_len else None
+        # Shapes the model is called with (each compiles once): "pow2" pads rows, prefill
+        # tokens and (without max_len) the view to powers of two; "fixed" (needs max_len)
+        # pads decode rows to max_running and prefill chunks to the token budget, as a
+        # CUDA-graph engine captures one shape per batch size.
+        if shapes not in SHAPES:
+            raise ValueError(f"shapes={shapes!r}: choose one of {SHAPES}")
+        if shapes == "fixed" and max_len is None:
+            raise ValueError("shapes='fixed' needs max_len (one view length for every call)")
+        self.shapes = shapes
+        self.steps: list[Step] = []
+
+    # ---- requests ---------------------------------------------------------------------------
+    def check(self, r: Request) -> None:
+        V, total = self.cfg.vocab_size, len(r.prompt) + r.max_new_tokens
+        if self.max_len is not None and total > self.max_len:
+            raise ValueError(f"request {r.id}: {len(r.prompt)} prompt + {r.max_new_tokens} new "
+                             f"tokens exceed the engine's max_len={self.max_len}")
+        if max(r.prompt) >= V:
+            raise ValueError(f"request {r.id}: prompt holds token id {max(r.prompt)}; the "
+                             f"model's vocabulary is [0, {V})")
+        if self.cfg.position == "learned" and len(r.prompt) + r.max_new_tokens > \
+                self.cfg.max_position:
+            raise ValueError(f"request {r.id}: {len(r.prompt)} prompt + {r.max_new_tokens} new "
+                             f"tokens exceed max_position={self.cfg.max_position} of the "
+                             "learned position embedding")
+
+    def run(self, requests: Iterable[Request], progress: Callable[[int], None] | None = None
+            ) -> Run:
+        """Serve `requests` to the end. The clock is wall time since the start, jumping over
+        idle gaps to the next arrival; `progress(n)` is called with tokens produced."""
+        requests = list(requests)
+        for r in requests:
+            self.check(r)
+        sched = self.scheduler
+        sched.submit(requests)
+        t0, skew, compiles0 = time.perf_counter(), 0.0, TRACES[0]
+        preempt0 = sched.preemptions
+        evict0 = self.cache.evicted_pages if self.cache else 0
+
+        def now() -> float:
+            return time.perf_counter() - t0 + skew
+
+        while not sched.done:
+            t = now()
+            plan = sched.schedule(t)
+            if not plan.prefill and not plan.decode:
+                nxt = sched.next_arrival()
+                if nxt is None or sched.running:
+                    raise RuntimeError(f"step {plan.step}: nothing planned with "
+                                       f"{len(sched.running)} running, {len(sched.waiting)} "
+                                       "waiting")
+                skew += max(0.0, nxt - t)
+                continue
+            sampled = self.execute(plan)
+            end = now()  # the step's tokens exist from here on
+            sched.commit(plan, sampled, end)
+            self.steps.append(Step(t, now() - t, tuple((c.seq, len(c.tokens))
+                                                       for c in plan.prefill),
+                                   len(plan.decode), len(plan.preempted)))
+            if progress is not None:
+                progress(len(sampled))
+        from refmodel.serving.metrics import Timeline
+        done = {r.id: sched.finished[r.id] for r in requests}
+        return Run(outputs={i: list(s.output) for i, s in done.items()},
+                   timelines={i: Timeline.of(s) for i, s in done.items()},
+                   steps=list(self.steps), usage=list(sched.usage),
+                   hit_tokens=self.cache.hit_tokens if self.cache else 0,
+                   miss_tokens=self.cache.miss_tokens if self.cache else
+                   sum(len(r.prompt) for r in requests),
+                   preemptions=sched.preemptions - preempt0,
+                   evicted_pages=self.cache.evicted_pages - evict0 if self.cache else 0,
+                   compiles=TRACES[0] - compiles0,
+                   prefix_cache=self.cache is not None, num_pages=self.pool.num_pages)
+
+    def _view(self, T: int) -> int | None:
+        """Pages in the view of a call of T tokens with max_len set: max_len's pages, plus
+        room for T - 1 padding tokens past the end (a write running off the view would be
+        clamped back onto real tokens)."""
+        if self.view_pages is None:
+            return None
+        return self.view_pages + (-(-(T - 1) // self.pool.page_size) if T > 1 else 0)
+
+    def warmup(self) -> int:
+        """Compile every shape `run` can call with a fixed view (max_len), before the clock
+        starts: decode rows and prefill lengths of each bucket, on the scratch page only.
+        Returns how many shapes were compiled."""
+        if self.view_pages is None:
+            raise ValueError("warmup needs max_len: without it the view's length follows "
+                             "the context and its shapes are not known in advance")
+        before = TRACES[0]
+        budget, rows = self.scheduler.token_budget, self.scheduler.max_running
+        pieces = [(1, 1 << k) for k in range(budget.bit_length())]  # state: 2^k pieces
+        if self.shapes == "fixed":
+            shapes = [(rows, 1)] + (pieces if self.layout.has_state else [(1, budget)])
+        else:
+            shapes = [(bucket(b), 1) for b in range(1, rows + 1)]
+            shapes += pieces if self.layout.has_state else \
+                [(1, bucket(t)) for t in range(1, budget + 1)]
+        for B, T in dict.fromkeys(shapes):
+            s, zeros = self.scratch, np.zeros((B,), np.int32)
+            tok, self.arrays = self.step(
+                self.state, self.arrays, self.init, np.zeros((B, T), np.int32),
+                np.full((B, self._view(T)), s, np.int32),
+                np.full((B,), s, np.int32), zeros, zeros, np.ones((B,), bool),
+                self._temperature, self._keys(B))
+            tok.block_until_ready()
+        return TRACES[0] - before
+
+    # ---- one step ---------------------------------------------------------------------------
+    def execute(self, plan: Plan) -> dict[int, int]:
+        """Run a plan's chunks on the model; returns {sequence id: sampled token}."""
+        out = []
+        for c in plan.prefill:
+            if self.layout.has_state:  # a state would absorb padding: pieces of 2^k tokens
+                off = 0
+                for n in powers_of_two(len(c.tokens)):
+                    piece = Chunk(c.seq, c.start + off, c.tokens[off:off + n],
+                                  c.samples and off + n == len(c.tokens))
+                    out.append(([piece], self._call([piece], n)))
+                    off += n
+                continue
+            n = len(c.tokens)  # one call, padded
+            T = self.scheduler.token_budget if self.shapes == "fixed" else bucket(n)
+            out.append(([c], self._call([c], T)))
+        if plan.decode:
+            out.append((plan.decode, self._call(plan.decode, 1)))
+        sampled = {}
+        for chunks, tokens in out:
+            tokens = np.asarray(tokens)
+            for i, c in enumerate(chunks):
+                if c.samples:
+                    sampled[c.seq] = int(tokens[i])
+        return sampled
+
+    def _call(self, chunks: list[Chunk], T: int) -> jax.Array:
+        """The jitted step on these chunks, rows padded to a power of two, T tokens each."""
+        B = self.scheduler.max_running if self.shapes == "fixed" and T == 1 \
+            else bucket(len(chunks))
+        ps = self.pool.page_size
+        tables = [self.pool.block_table(c.seq) for c in chunks]
+        n = self._view(T) or bucket(max(max(len(t), -(-(c.start + T) // ps))
+                                        for c, t in zip(chunks, tables, strict=True)))
+        tok = np.zeros((B, T), np.int32)
+        tab = np.full((B, n), self.scratch, np.int32)
+        slots = np.full((B,), self.scratch, np.int32)
+        start, new = np.zeros((B,), np.int32), np.zeros((B,), np.int32)
+        fresh = np.ones((B,), bool)
+        seqs = {s.id: s for s in self.scheduler.running}
+        index = np.zeros((B,), np.int32)
+        for i, (c, table) in enumerate(zip(chunks, tables, strict=True)):
+            tok[i, :len(c.tokens)] = c.tokens
+            tab[i, :len(table)] = table
+            start[i], new[i], fresh[i] = c.start, len(c.tokens), c.start == 0
+            if self.layout.has_state:
+                slots[i] = self.pool.slot_table(c.seq)[0][0]
+            seq = seqs[c.seq]
+            index[i] = c.start + len(c.tokens) - len(seq.request.prompt)  # output token index
+        if self.temperature == 0.0:
+            keys = self._keys(B)
+        else:
+            ids = np.zeros((B,), np.uint32)
+            ids[:len(chunks)] = [c.seq for c in chunks]
+            keys = _request_keys(jax.random.key(self.seed), ids, index.astype(np.uint32))
+        token, self.arrays = self.step(self.state, self.arrays, self.init, tok, tab, slots,
+                                       start, new, fresh, self._temperature, keys)
+        return token
+
+    def _keys(self, B: int) -> jax.Array:
+        """Placeholder keys of B rows for greedy steps (made once per B)."""
+        if B not in self._placeholder:
+            self._placeholder[B] = jax.random.split(jax.random.key(0), B)
+        return self._placeholder[B]
+
+
+@jax.jit
+def _request_keys(key, ids, index):
+    """One key per row from (request id, output token index): batch-mates do not matter."""
+    return jax.vmap(lambda i, j: jax.random.fold_in(jax.random.fold_in(key, i), j))(ids, index)
+
+
+def _elems(shape) -> int:
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def _size(dtype: str) -> int:
+    return jnp.dtype(dtype).itemsize
