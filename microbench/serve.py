@@ -183,19 +183,23 @@ def unloaded(model, setup: Setup, cfg, max_len: int, pool: int, repeats: int = 3
     return {k: float(np.median(v)) for k, v in out.items()}
 
 
-def decode_ratio(model, setup: Setup, repeats: int = 60) -> dict:
+def decode_ratio(model, setup: Setup, repeats: int = 40, rounds: int = 3) -> dict:
     """Tokens/s of the engine's decode steps with B sequences at context S against the jitted
-    `Phases` decode at (B, S) (a contiguous cache of S + 1 tokens), in the same run.
+    `Phases` decode at (B, S) (a contiguous cache of S + 1 tokens), in the same run. The
+    engine's view is the same S + 1 tokens (rounded up to a page): its requests' prompts are
+    S - repeats long and decode up to position S, so both attend over arrays of one length.
 
-    Two comparisons, each like with like:
+    Two comparisons, each like with like and each a median over `rounds` rounds of a ratio
+    measured within one round (the machine drifts between rounds, not within one):
     - `ratio`: a whole step of `Engine.run` (schedule, the paged model call, commit), median
-      over the decode-only steps of B requests run back to back, against the Phases call
-      run back to back (`phases_step_s`: the median of one block before the engine's run and
-      one after);
+      over the decode-only steps of B requests run back to back, against a block of Phases
+      calls run back to back just before;
     - `call_ratio`: the paged model call alone (gather, model, scatter) against the Phases
-      call, timed alternately, call for call (`phases_interleaved_s`; each evicts the
-      other's data from the caches, so both are slower than back to back)."""
+      call, timed alternately, call for call (each evicts the other's data from the caches,
+      so both are slower than back to back)."""
     B, S, ps = setup.decode_batch, setup.decode_context, setup.page_size
+    if S <= repeats:
+        raise ValueError(f"decode_context={S} must exceed the {repeats} decode steps timed")
     phases = refmodel.Phases(model)
     state, token, cache = phases.example_args("decode", B, S, fill=True)
     fn = phases.jitted["decode"]
@@ -209,42 +213,49 @@ def decode_ratio(model, setup: Setup, repeats: int = 60) -> dict:
         jax.block_until_ready(out)
         return time.perf_counter() - t
 
-    block = [contiguous_call() for _ in range(repeats)]
     rng = np.random.default_rng(setup.seed)
-    max_len = pages_for(S + repeats + 2, ps) * ps
+    max_len = pages_for(S + 1, ps) * ps
 
     def engine():
         e = Engine(model, num_pages=B * pages_for(max_len, ps), page_size=ps, policy="mixed",
-                   token_budget=B * (S + 1), max_running=B, prefix_cache=False,
+                   token_budget=max_len, max_running=B, prefix_cache=False,
                    max_len=max_len, shapes="fixed")
         e.warmup()
         return e
 
-    reqs = [refmodel.serving.Request(i, tuple(rng.integers(0, model.cfg.vocab_size, S)),
-                                     repeats + 2) for i in range(B)]
-    run = engine().run(reqs)  # every prompt in the first step, then B rows decode together
-    steps = [s.seconds for s in run.steps if s.decode_rows == B and not s.prefill]
-    block += [contiguous_call() for _ in range(repeats)]
-    alone = engine()  # the same requests, stopped after prefill: time its decode call alone
-    alone.scheduler.submit(reqs)
-    plan = alone.scheduler.schedule(0.0)
-    alone.scheduler.commit(plan, alone.execute(plan), 0.0)
-    plan = alone.scheduler.schedule(0.0)  # B decodes at context S
-    calls, contiguous = [], []
-    for _ in range(repeats):
-        contiguous.append(contiguous_call())
-        t = time.perf_counter()
-        np.asarray(alone._call(plan.decode, 1))  # rewrites the same positions: idempotent
-        calls.append(time.perf_counter() - t)
-    step_s, call_s, phases_s, mixed_s = (float(np.median(x))
-                                          for x in (steps, calls, block, contiguous))
-    return {"batch": B, "context": S, "view_tokens": max_len, "steps": len(steps),
+    reqs = [refmodel.serving.Request(i, tuple(rng.integers(0, model.cfg.vocab_size,
+                                                          S - repeats)), repeats + 1)
+            for i in range(B)]
+    out = {"phases_step_s": [], "engine_step_s": [], "phases_interleaved_s": [],
+           "engine_call_s": []}
+    for _ in range(rounds):
+        block = [contiguous_call() for _ in range(repeats)]
+        run = engine().run(reqs)  # every prompt in the first step, then B rows decode
+        steps = [s.seconds for s in run.steps if s.decode_rows == B and not s.prefill]
+        alone = engine()  # the same requests, stopped after prefill: its decode call alone
+        alone.scheduler.submit(reqs)
+        plan = alone.scheduler.schedule(0.0)
+        alone.scheduler.commit(plan, alone.execute(plan), 0.0)
+        plan = alone.scheduler.schedule(0.0)  # B decodes
+        calls, contiguous = [], []
+        for _ in range(repeats):
+            contiguous.append(contiguous_call())
+            t = time.perf_counter()
+            np.asarray(alone._call(plan.decode, 1))  # rewrites the same positions
+            calls.append(time.perf_counter() - t)
+        for key, xs in zip(out, (block, steps, contiguous, calls), strict=True):
+            out[key].append(float(np.median(xs)))
+    ratios = [p / e for p, e in zip(out["phases_step_s"], out["engine_step_s"], strict=True)]
+    calls = [p / e for p, e in zip(out["phases_interleaved_s"], out["engine_call_s"],
+                                   strict=True)]
+    step_s, phases_s = float(np.median(out["engine_step_s"])), \
+        float(np.median(out["phases_step_s"]))
+    return {"batch": B, "context": S, "view_tokens": max_len, "steps_per_round": repeats,
+            "rounds": rounds, **{f"{k}_by_round": v for k, v in out.items()},
             "engine_step_s": step_s, "phases_step_s": phases_s,
-            "phases_before_after_s": [float(np.median(block[:repeats])),
-                                      float(np.median(block[repeats:]))],
-            "engine_call_s": call_s, "phases_interleaved_s": mixed_s,
             "engine_tokens_per_s": B / step_s, "phases_tokens_per_s": B / phases_s,
-            "ratio": phases_s / step_s, "call_ratio": mixed_s / call_s}
+            "ratio_by_round": ratios, "call_ratio_by_round": calls,
+            "ratio": float(np.median(ratios)), "call_ratio": float(np.median(calls))}
 
 
 def measure(setup: Setup, progress=None) -> dict:
