@@ -37,7 +37,9 @@ def test_quick_serve_writes_results_and_figures(tmp_path):
     assert on[0]["hit_rate"] > 0  # a 64-token system prompt before every request
     speedup = r["claims"]["prefix_cache_ttft_speedup"]
     assert math.isclose(speedup, off[0]["mean_ttft_s"] / on[0]["mean_ttft_s"])
-    assert r["decode"]["ratio"] > 0 and r["decode"]["steps"] > 0
+    d = r["decode"]
+    assert d["ratio"] > 0 and len(d["ratio_by_round"]) == d["rounds"] >= 1
+    assert d["view_tokens"] >= d["context"] + 1  # the engine and Phases over one length
     assert r["peer"]["error"].startswith("not asked")
     assert "mean TTFT without / with" in (out / "serve.md").read_text()
 
