@@ -37,9 +37,11 @@ def _one_kind_per_variant() -> list[str]:
     return kinds
 
 
-# Each variant alone; the hybrid puts a ring slot and pages in one pool.
+# Each variant alone; the hybrid puts a ring slot and pages in one pool; the MoE FFN sees
+# padding rows and padded prefill tokens beside the real ones (its routing must not mix them).
 CASES = {kind: {"attention": kind} for kind in _one_kind_per_variant()}
 CASES["hybrid sliding+gqa"] = {"attention": "gqa", "layer_pattern": ("sliding", "gqa")}
+CASES["gqa moe"] = {"attention": "gqa", "ffn": "moe"}
 
 
 def requests(cfg, n: int = 8, seed: int = 0) -> list[Request]:
