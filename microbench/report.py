@@ -86,17 +86,30 @@ def measure_report(peaks: dict, timing: Budget = REPORT_TIMING, peer: bool = Tru
     return out
 
 
-PEER_SCRIPT = r"""
-import json, sys, time
+# The transformers Llama of a spec (`llama_spec`), random weights, float32: the model every
+# peer script (this speed report's, `microbench.serve`'s) builds after reading `spec`.
+LLAMA_MODEL = r"""
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
-spec = json.loads(sys.argv[1])
 torch.manual_seed(0)
 cfg = LlamaConfig(vocab_size=spec["V"], hidden_size=spec["D"], intermediate_size=spec["F"],
                   num_hidden_layers=spec["L"], num_attention_heads=spec["N"],
                   num_key_value_heads=spec["K"], head_dim=spec["H"], tie_word_embeddings=False,
-                  max_position_embeddings=4096, torch_dtype=torch.float32)
+                  max_position_embeddings=8192, torch_dtype=torch.float32)
 model = LlamaForCausalLM(cfg).eval()
+"""
+
+
+def llama_spec(cfg: refmodel.ModelConfig) -> dict:
+    """The shape `LLAMA_MODEL` builds: cfg's sizes in the shape alphabet."""
+    return {"V": cfg.vocab_size, "D": cfg.d_model, "F": cfg.d_ff, "L": cfg.n_layers,
+            "N": cfg.n_heads, "K": cfg.n_kv_heads, "H": cfg.resolved_head_dim}
+
+
+PEER_SCRIPT = r"""
+import json, sys, time
+spec = json.loads(sys.argv[1])
+""" + LLAMA_MODEL + r"""
 with torch.inference_mode():
     ids = torch.randint(0, spec["V"], (1, spec["S"]))
     out = model(ids, use_cache=True)
@@ -116,9 +129,7 @@ print(json.dumps({"step_s": times[len(times) // 2], "samples": times,
 
 def hf_peer(cfg: refmodel.ModelConfig, context: int, steps: int = 23) -> dict:
     """Median decode-step time of transformers' Llama of the same shape, or why it is absent."""
-    spec = {"V": cfg.vocab_size, "D": cfg.d_model, "F": cfg.d_ff, "L": cfg.n_layers,
-            "N": cfg.n_heads, "K": cfg.n_kv_heads, "H": cfg.resolved_head_dim, "S": context,
-            "steps": steps}
+    spec = {**llama_spec(cfg), "S": context, "steps": steps}
     try:
         proc = subprocess.run([sys.executable, "-c", PEER_SCRIPT, json.dumps(spec)],
                               capture_output=True, text=True, timeout=900)

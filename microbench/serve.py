@@ -29,6 +29,7 @@ import jax
 import numpy as np
 
 import refmodel
+from microbench.report import LLAMA_MODEL, llama_spec
 from refmodel.serving import metrics, workloads
 from refmodel.serving.engine import Engine
 from refmodel.serving.pool import pages_for
@@ -371,15 +372,9 @@ def claims(runs: list[dict], decode: dict) -> dict:
 HF_NAME = "transformers generate, static batches (PyTorch, f32)"
 HF_SCRIPT = r"""
 import json, sys, time
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsProcessorList
 spec = json.loads(sys.stdin.read())
-torch.manual_seed(0)
-cfg = LlamaConfig(vocab_size=spec["V"], hidden_size=spec["D"], intermediate_size=spec["F"],
-                  num_hidden_layers=spec["L"], num_attention_heads=spec["N"],
-                  num_key_value_heads=spec["K"], head_dim=spec["H"], tie_word_embeddings=False,
-                  max_position_embeddings=8192, torch_dtype=torch.float32)
-model = LlamaForCausalLM(cfg).eval()
+""" + LLAMA_MODEL + r"""
+from transformers import LogitsProcessor, LogitsProcessorList
 
 
 class Stamp(LogitsProcessor):
@@ -448,9 +443,7 @@ def hf_static(cfg, traces: list[list], max_batch: int, timeout: float = 1800) ->
             cfg.mlp_act != "swiglu":
         return {"name": HF_NAME, "error": f"{refmodel.attention.label(cfg)} is not a Llama "
                 "shape (GQA attention, dense SwiGLU FFN): no transformers peer"}
-    spec = {"V": cfg.vocab_size, "D": cfg.d_model, "F": cfg.d_ff, "L": cfg.n_layers,
-            "N": cfg.n_heads, "K": cfg.n_kv_heads, "H": cfg.resolved_head_dim,
-            "max_batch": max_batch,
+    spec = {**llama_spec(cfg), "max_batch": max_batch,
             "requests": [{"prompt": list(r.prompt), "max_new": r.max_new_tokens}
                          for r in traces[0][:1]],
             "traces": [[{"id": r.id, "arrival": r.arrival, "prompt": list(r.prompt),

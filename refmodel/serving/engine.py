@@ -54,6 +54,7 @@ import numpy as np
 from flax import nnx
 
 from refmodel.model import Transformer, init_cache
+from refmodel.serving.metrics import Timeline
 from refmodel.serving.pool import PagePool
 from refmodel.serving.radix import RadixCache
 from refmodel.serving.request import Chunk, Plan, Request
@@ -257,7 +258,7 @@ class Run:
     """The outcome of `Engine.run`: every request's output and timeline, and the run's log."""
 
     outputs: dict[int, list[int]]
-    timelines: dict[int, object]
+    timelines: dict[int, Timeline]
     steps: list[Step]
     usage: list[tuple[float, int, int]]  # (time, used pages, cached pages) after each step
     hit_tokens: int
@@ -357,6 +358,7 @@ class Engine:
         sched = self.scheduler
         sched.submit(requests)
         t0, skew, compiles0 = time.perf_counter(), 0.0, TRACES[0]
+        steps0, usage0 = len(self.steps), len(sched.usage)  # this run's part of the logs
         preempt0 = sched.preemptions
         evict0 = self.cache.evicted_pages if self.cache else 0
 
@@ -382,11 +384,10 @@ class Engine:
                                    len(plan.decode), len(plan.preempted)))
             if progress is not None:
                 progress(len(sampled))
-        from refmodel.serving.metrics import Timeline
         done = {r.id: sched.finished[r.id] for r in requests}
         return Run(outputs={i: list(s.output) for i, s in done.items()},
                    timelines={i: Timeline.of(s) for i, s in done.items()},
-                   steps=list(self.steps), usage=list(sched.usage),
+                   steps=self.steps[steps0:], usage=sched.usage[usage0:],
                    hit_tokens=self.cache.hit_tokens if self.cache else 0,
                    miss_tokens=self.cache.miss_tokens if self.cache else
                    sum(len(r.prompt) for r in requests),
