@@ -50,6 +50,9 @@ COMMANDS: list[Command] = [
             "microbench.commands.breakdown"),
     Command("serve", "the serving engine under load: TTFT, TPOT, goodput, prefix caching",
             "microbench.commands.serve"),
+    Command("simulate", "the simulator against the engine (MAPE), then serving at scale on "
+            "paper: TP, PD and attention-FFN disaggregation, SRAM chips",
+            "microbench.commands.simulate"),
 ]
 
 

@@ -6,10 +6,22 @@ on where sources disagree). The "cpu" entry is computed on the machine that runs
 ISA flags, the usable cores and the clock (see `cpu_device`); it is an upper bound used by the
 guard rails, not a promise.
 
+The "links" table holds the interconnects between chips (NVLink, Infinity Fabric, TPU ICI,
+PCIe, Groq chip-to-chip, InfiniBand, RoCE): bandwidth in bytes/s per direction per chip, a
+per-message latency (one hop), sources and notes saying which figures are derived (a
+bidirectional datasheet figure halved) and which are assumed. A device names its scale-up link
+and domain size (`scale_up`) and its scale-out link (`scale_out`) where known.
+
 Public API:
-    Device                       frozen dataclass (name, vendor, kind, peak_flops, ...)
+    Device                       frozen dataclass (name, vendor, kind, peak_flops, ...,
+                                 scale_up {link, chips} | None, scale_out link name | None)
     get(name) -> Device          unknown names raise KeyError listing the valid ones
     list_devices() -> list[str]
+    LinkSpec                     frozen dataclass (name, kind, bandwidth, latency, sources, notes)
+    get_link(name) -> LinkSpec   unknown names raise KeyError listing the valid ones
+    list_links() -> list[str]
+    link_from_dict(d, prefix="") -> LinkSpec   validate one link object (errors name the field)
+    link(spec) -> refmodel.sim.cluster.Link    the simulator's view of a link
     load_device(path) -> Device  a user's own device as JSON (at most 1 MiB, 16 levels
                                  deep); bad fields raise ValueError naming the file
     add_device(device, replace=False)  make a loaded device visible to get()/list_devices();
@@ -35,6 +47,7 @@ from microbench.files import read_json
 DATA = Path(__file__).parent / "data" / "hardware.json"
 DTYPES = ("float32", "tf32", "bfloat16", "float16", "float8", "int8", "float4")
 KINDS = ("cpu", "gpu", "tpu", "sram", "soc")
+LINK_KINDS = ("scale-up", "scale-out", "chip-to-chip", "host")
 _PREFERRED = ("bfloat16", "float16", "float32")
 
 
@@ -53,6 +66,8 @@ class Device:
     memory_type: str | None = None
     derivation: dict = field(default_factory=dict)
     cache_bytes: dict = field(default_factory=dict)  # {level: bytes}, small to large
+    scale_up: dict | None = None  # {"link": a links-table name, "chips": chips in one domain}
+    scale_out: str | None = None  # a links-table name (the NIC between scale-up domains)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -60,22 +75,86 @@ class Device:
         return d
 
 
-def _bad(path: str, value, allowed: str) -> ValueError:
-    return ValueError(f"device field '{path}': got {value!r}; allowed: {allowed}")
+@dataclass(frozen=True)
+class LinkSpec:
+    """One interconnect as seen by one chip: bytes/s in one direction, seconds per message
+    (one hop), and where those figures come from."""
+
+    name: str
+    kind: str  # one of LINK_KINDS
+    bandwidth: float  # bytes/s, one direction, per chip
+    latency: float  # seconds per message, one hop
+    sources: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["sources"], d["notes"] = list(self.sources), list(self.notes)
+        return d
 
 
-def _positive(path: str, value) -> float:
+def _bad(path: str, value, allowed: str, what: str = "device") -> ValueError:
+    return ValueError(f"{what} field '{path}': got {value!r}; allowed: {allowed}")
+
+
+def _positive(path: str, value, what: str = "device") -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
             math.isfinite(value) and value > 0):
-        raise _bad(path, value, "a finite positive number")
+        raise _bad(path, value, "a finite positive number", what)
     return float(value)
 
 
-def _str(d: dict, key: str, prefix: str) -> str:
+def _str(d: dict, key: str, prefix: str, what: str = "device") -> str:
     value = d.get(key)
     if not isinstance(value, str) or not value.strip():
-        raise _bad(prefix + key, value, "a non-empty string")
+        raise _bad(prefix + key, value, "a non-empty string", what)
     return value
+
+
+def _citations(d: dict, prefix: str, what: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    sources = d.get("sources")
+    if not (isinstance(sources, list) and sources and all(isinstance(s, str) and s.strip()
+                                                          for s in sources)):
+        raise _bad(prefix + "sources", sources, "a non-empty list of citation strings", what)
+    notes = d.get("notes", [])
+    if not (isinstance(notes, list) and all(isinstance(s, str) for s in notes)):
+        raise _bad(prefix + "notes", notes, "a list of strings", what)
+    return tuple(sources), tuple(notes)
+
+
+def link_from_dict(d: dict, prefix: str = "") -> LinkSpec:
+    """Validate one link object; each error names the field, the value and what is allowed."""
+    if not isinstance(d, dict):
+        raise _bad(prefix.rstrip(".") or "link", d, "a JSON object", "link")
+    name = _str(d, "name", prefix, "link")
+    kind = d.get("kind")
+    if kind not in LINK_KINDS:
+        raise _bad(prefix + "kind", kind, " | ".join(LINK_KINDS), "link")
+    bandwidth = _positive(prefix + "bandwidth", d.get("bandwidth"), "link")
+    latency = _positive(prefix + "latency", d.get("latency"), "link")
+    sources, notes = _citations(d, prefix, "link")
+    return LinkSpec(name=name, kind=kind, bandwidth=bandwidth, latency=latency,
+                    sources=sources, notes=notes)
+
+
+def _link_name(path: str, value, links) -> str:
+    if not isinstance(value, str) or value not in links:
+        raise _bad(path, value, "a link name, one of " + ", ".join(links))
+    return value
+
+
+def _scale_up(d: dict, prefix: str, links) -> dict | None:
+    value = d.get("scale_up")
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {"link", "chips"}:
+        raise _bad(prefix + "scale_up", value,
+                   "an object {link: a link name, chips: an integer >= 2} or absent")
+    chips = value["chips"]
+    if isinstance(chips, bool) or not isinstance(chips, int) or chips < 2:
+        raise _bad(prefix + "scale_up.chips", chips,
+                   "an integer >= 2 (chips in one scale-up domain)")
+    return {"link": _link_name(prefix + "scale_up.link", value["link"], links), "chips": chips}
 
 
 def _rate_table(d: dict, key: str, prefix: str, allowed_keys=None) -> dict:
@@ -89,8 +168,11 @@ def _rate_table(d: dict, key: str, prefix: str, allowed_keys=None) -> dict:
     return {k: float(v) for k, v in table.items()}
 
 
-def device_from_dict(d: dict, prefix: str = "") -> Device:
-    """Validate one device object; each error names the field, the value and what is allowed."""
+def device_from_dict(d: dict, prefix: str = "", links=None) -> Device:
+    """Validate one device object; each error names the field, the value and what is allowed.
+
+    `scale_up.link` and `scale_out` must name a link in `links` (default: the built-in links
+    table)."""
     if not isinstance(d, dict):
         raise _bad(prefix.rstrip(".") or "device", d, "a JSON object")
     kind = d.get("kind")
@@ -110,13 +192,12 @@ def device_from_dict(d: dict, prefix: str = "") -> Device:
     mem = d.get("memory_bytes")
     if mem is not None:
         _positive(prefix + "memory_bytes", mem)
-    sources = d.get("sources")
-    if not (isinstance(sources, list) and sources and all(isinstance(s, str) and s.strip()
-                                                          for s in sources)):
-        raise _bad(prefix + "sources", sources, "a non-empty list of citation strings")
-    notes = d.get("notes", [])
-    if not (isinstance(notes, list) and all(isinstance(s, str) for s in notes)):
-        raise _bad(prefix + "notes", notes, "a list of strings")
+    sources, notes = _citations(d, prefix, "device")
+    links = list_links() if links is None else list(links)
+    scale_up = _scale_up(d, prefix, links)
+    scale_out = d.get("scale_out")
+    if scale_out is not None:
+        _link_name(prefix + "scale_out", scale_out, links)
     derivation = d.get("derivation")
     if derivation is not None and not isinstance(derivation, dict):
         raise _bad(prefix + "derivation", derivation, "an object {name: value} or absent")
@@ -125,9 +206,10 @@ def device_from_dict(d: dict, prefix: str = "") -> Device:
         raise _bad(prefix + "memory_type", memory_type, "a string or absent")
     return Device(name=_str(d, "name", prefix), vendor=_str(d, "vendor", prefix), kind=kind,
                   peak_flops=flops, memory_bandwidth=bw, main_memory=main,
-                  memory_bytes=None if mem is None else float(mem), sources=tuple(sources),
-                  notes=tuple(notes), memory_type=d.get("memory_type"),
-                  derivation=dict(d.get("derivation") or {}), cache_bytes=caches)
+                  memory_bytes=None if mem is None else float(mem), sources=sources,
+                  notes=notes, memory_type=d.get("memory_type"),
+                  derivation=dict(d.get("derivation") or {}), cache_bytes=caches,
+                  scale_up=scale_up, scale_out=scale_out)
 
 
 # A device file is one object of ~2 kB nested 3 levels deep: anything far bigger or deeper is
@@ -146,10 +228,51 @@ def load_device(path: str | Path) -> Device:
 
 
 @functools.lru_cache(maxsize=1)
+def _doc() -> dict:
+    return json.loads(DATA.read_text())
+
+
+@functools.lru_cache(maxsize=1)
 def _builtin() -> dict[str, Device]:
-    doc = json.loads(DATA.read_text())
     return {name: device_from_dict(d, f"devices[{name!r}].")
-            for name, d in doc["devices"].items()}
+            for name, d in _doc()["devices"].items()}
+
+
+def _links_from_table(table) -> dict[str, LinkSpec]:
+    """Validate a {name: link object} table; an entry's name must be its key."""
+    if not isinstance(table, dict):
+        raise _bad("links", table, "an object {name: link object}", "link")
+    out = {}
+    for key, d in table.items():
+        spec = link_from_dict(d, f"links.{key}.")
+        if spec.name != key:
+            raise _bad(f"links.{key}.name", spec.name, f"the table key {key!r}", "link")
+        out[key] = spec
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _builtin_links() -> dict[str, LinkSpec]:
+    return _links_from_table(_doc().get("links", {}))
+
+
+def list_links() -> list[str]:
+    return list(_builtin_links())
+
+
+def get_link(name: str) -> LinkSpec:
+    found = _builtin_links().get(name)
+    if found is None:
+        raise KeyError(f"unknown link {name!r}; valid: {', '.join(list_links())}")
+    return found
+
+
+def link(spec: LinkSpec):
+    """The simulator's Link (refmodel.sim.cluster.Link) for a LinkSpec: same name, bytes/s per
+    direction per chip, seconds per message."""
+    from refmodel.sim.cluster import Link
+
+    return Link(name=spec.name, bandwidth=spec.bandwidth, latency=spec.latency)
 
 
 _EXTRA: dict[str, Device] = {}

@@ -242,7 +242,7 @@ def decode_ratio(model, setup: Setup, repeats: int = 40, rounds: int = 3) -> dic
         for _ in range(repeats):
             contiguous.append(contiguous_call())
             t = time.perf_counter()
-            np.asarray(alone._call(plan.decode, 1))  # rewrites the same positions
+            np.asarray(alone._call(plan.decode, B, 1))  # rewrites the same positions
             calls.append(time.perf_counter() - t)
         for key, xs in zip(out, (block, steps, contiguous, calls), strict=True):
             out[key].append(float(np.median(xs)))

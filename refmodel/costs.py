@@ -203,6 +203,83 @@ def phase_costs(cfg: ModelConfig, phase: str, batch: int, context: int,
             **_numbers(total(ops)), "ops": {op: _numbers(c) for op, c in ops.items()}}
 
 
+def step_ops(cfg: ModelConfig, chunks, dt: Dtypes, count: str = "implementation",
+             logits: str = "all") -> dict[str, Cost]:
+    """{op: Cost} of one serving step: sequences fed `new` tokens each after `cached` cached
+    ones, `chunks` = [(new, cached), ...] (a decode is (1, context), a prefill chunk (n, start)),
+    all in one batched call. Weights are read once for the step, not once per sequence: every
+    per-sequence op's weight bytes are one sequence's (sequences of one shape are counted as
+    one batch, so a per-call term, e.g. linear attention's -exp(A_log), is counted once per
+    distinct shape, not once per step: a few FLOPs); the FFN (or MoE, whose experts touched
+    follow the step's token count) and the norms run on all the step's tokens together.
+    `logits`: "all" tokens get the LM head (what refmodel computes), or "last", one row per
+    sequence (an engine that only samples). With every chunk equal this is `phase_ops` of
+    decode (B x (1, S)) or prefill ((T, 0)) exactly (tests/test_sim_costs.py)."""
+    _check_cfg(cfg)
+    _check_count(count)
+    if logits not in ("all", "last"):
+        raise ValueError(f"logits={logits!r}: choose 'all' or 'last'")
+    chunks = [(int(n), int(c)) for n, c in chunks]
+    if not chunks or any(n < 1 or c < 0 for n, c in chunks):
+        raise ValueError(f"chunks={chunks!r}: give at least one (new >= 1, cached >= 0)")
+    tokens, D = sum(n for n, _ in chunks), cfg.d_model
+    shapes: dict[tuple[int, int], int] = {}  # (new, cached) -> sequences of that shape
+    for chunk in chunks:
+        shapes[chunk] = shapes.get(chunk, 0) + 1
+    post = 2 if cfg.post_norms else 1
+    ops: dict[str, Cost] = {}
+
+    def add(items: dict[str, Cost]) -> None:
+        for op, cost in items.items():
+            ops[op] = ops.get(op, Cost()) + cost
+
+    add({"embed": embed_costs(cfg, tokens, dt)})
+    layer_types: dict[tuple[str, str], int] = {}  # identical layers are counted once, times n
+    for layer in zip(cfg.layer_kinds, cfg.layer_ffns, strict=True):
+        layer_types[layer] = layer_types.get(layer, 0) + 1
+    for (kind, ffn), count_ in layer_types.items():
+        layer: dict[str, Cost] = {}
+
+        def put(items: dict[str, Cost], into=layer) -> None:
+            for op, cost in items.items():
+                into[op] = into.get(op, Cost()) + cost
+
+        if kind != "none":
+            put({"norm": post * norm_costs(cfg, D, tokens, dt)})
+            per_seq: dict[str, Cost] = {}
+            weights: dict[str, float] = {}  # an op's weights are read once per step
+            for (n, c), rows in shapes.items():
+                put(attention.get(kind).costs(cfg, kind, rows, n, c, dt), per_seq)
+                for op, cost in attention.get(kind).costs(cfg, kind, 1, n, c, dt).items():
+                    weights[op] = max(weights.get(op, 0.0), cost.weight_bytes)
+            put({op: Cost(cost.flops, weights[op], cost.kv_bytes, cost.act_bytes)
+                 for op, cost in per_seq.items()})
+            put({"residual": residual_costs(cfg, tokens, dt)})
+        if ffn != "none":
+            put({"norm": post * norm_costs(cfg, D, tokens, dt)})
+            put(MoE.costs(cfg, tokens, dt) if ffn == "moe"
+                else DenseFFN.costs(cfg, cfg.d_ff, tokens, dt))
+            put({"residual": residual_costs(cfg, tokens, dt)})
+        add({op: count_ * cost for op, cost in layer.items()})
+    head_rows = tokens if logits == "all" else len(chunks)
+    add({"norm": norm_costs(cfg, D, tokens, dt), "lm_head": head_costs(cfg, head_rows, dt)})
+    drop = attention.implementation_only() if count == "engine" else ()
+    return {op: cost for op, cost in ops.items() if cost != Cost() and op not in drop}
+
+
+def step_costs(cfg: ModelConfig, chunks, weight_dtype: str | None = None,
+               kv_dtype: str | None = None, act_dtype: str | None = None,
+               count: str = "implementation", logits: str = "all") -> dict:
+    """`step_ops` as plain numbers, like `phase_costs`: {"tokens", "sequences", "flops",
+    "bytes", "weight_bytes", "kv_bytes", "act_bytes", "intensity", "ops"}."""
+    dt = dtypes(cfg, weight_dtype, kv_dtype, act_dtype)
+    ops = step_ops(cfg, chunks, dt, count, logits)
+    chunks = list(chunks)
+    return {"tokens": sum(int(n) for n, _ in chunks), "sequences": len(chunks),
+            "count": count, **_numbers(total(ops)),
+            "ops": {op: _numbers(c) for op, c in ops.items()}}
+
+
 def _numbers(cost: Cost) -> dict:
     return {**cost.as_dict(), "intensity": cost.intensity if cost.bytes else None}
 

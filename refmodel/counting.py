@@ -68,12 +68,13 @@ class Cost:
         """Arithmetic intensity, FLOPs per byte."""
         return self.flops / self.bytes if self.bytes else float("inf")
 
-    def __add__(self, other: Cost) -> Cost:
-        pairs = zip(dataclasses.astuple(self), dataclasses.astuple(other), strict=True)
-        return Cost(*(a + b for a, b in pairs))
+    def __add__(self, other: Cost) -> Cost:  # field by field: astuple deep-copies (slow)
+        return Cost(self.flops + other.flops, self.weight_bytes + other.weight_bytes,
+                    self.kv_bytes + other.kv_bytes, self.act_bytes + other.act_bytes)
 
     def __mul__(self, k: float) -> Cost:
-        return Cost(*(a * k for a in dataclasses.astuple(self)))
+        return Cost(self.flops * k, self.weight_bytes * k, self.kv_bytes * k,
+                    self.act_bytes * k)
 
     __rmul__ = __mul__
 

@@ -73,8 +73,9 @@ def test_forward_equals_prefill_then_decode(variant):
 # gpt-oss's alternating sliding / full layers (with sinks and biases) are in test_attn_sliding.
 # Qwen3-Next's gated-delta linear + full layers: "every kind" holds both, and the Nemotron-H-like
 # pattern runs the same linear + full hybrid with the mamba2 rule.
+# Gemma's 2 local : 1 global tiling is a sliding + gqa mix, which "every kind" holds (the
+# tiling itself is config logic, tests/test_config.py).
 PATTERNS = {
-    "gemma-like 2 local : 1 global": (("sliding", "sliding", "gqa"), "dense", {}),
     "nemotron-h-like mixer-only and ffn-only": (("linear", "none", "gqa"), "moe",
                                                 {"linear_rule": "mamba2"}),
     "every kind": (KINDS, "dense", {}),

@@ -1,8 +1,10 @@
 """Spec database: every entry valid, dense and sourced; bad user files name the bad field;
-the CPU ceiling follows its formula; OS parsing of cpuinfo and caches."""
+the CPU ceiling follows its formula; OS parsing of cpuinfo and caches; the links table
+(interconnects) is positive and sourced, devices name existing links."""
 
 import copy
 import json
+import re
 
 import pytest
 
@@ -159,3 +161,136 @@ def test_cache_sizes_from_sysfs_tree(tmp_path):
     # two cores: private L1/L2 count twice, the shared L3 once
     assert sysinfo.aggregate_cache_bytes(caches, 2) == [
         ("L1", 64 << 10), ("L2", 2 << 20), ("L3", 32 << 20)]
+
+
+# ---------------------------------------------------------------------------- links
+
+GOOD_LINK = {"name": "My Link", "kind": "scale-up", "bandwidth": 1e11, "latency": 1e-6,
+             "sources": ["my datasheet, p. 4"]}
+
+
+def test_links_table_has_the_interconnects_the_simulator_needs():
+    names = hardware.list_links()
+    for name in ("NVLink 4", "NVLink 5", "PCIe 4.0 x16", "PCIe 5.0 x16",
+                 "Infinity Fabric (MI300X)", "TPU v5e ICI", "TPU v5p ICI", "TPU v6e ICI",
+                 "TPU7x ICI", "Groq C2C", "InfiniBand NDR"):
+        assert name in names
+
+
+@pytest.mark.parametrize("name", hardware.list_links())
+def test_every_link_is_positive_sourced_and_noted(name):
+    spec = hardware.get_link(name)
+    assert spec.name == name and spec.kind in hardware.LINK_KINDS
+    assert spec.bandwidth > 0 and spec.latency > 0
+    assert spec.sources and all(len(s) > 20 for s in spec.sources)
+    assert spec.notes  # every figure says where it comes from (derived / assumed)
+    # per-message latencies are microsecond-scale, bandwidths between 1 GB/s and 10 TB/s
+    assert 1e-8 < spec.latency < 1e-4 and 1e9 < spec.bandwidth < 1e13
+
+
+@pytest.mark.parametrize("name", [n for n in hardware.list_devices() if n != "cpu"])
+def test_device_links_exist(name):
+    dev = hardware.get(name)
+    links = hardware.list_links()
+    if dev.scale_up is not None:
+        assert dev.scale_up["link"] in links and dev.scale_up["chips"] >= 2
+    if dev.scale_out is not None:
+        assert dev.scale_out in links
+    if dev.kind == "gpu":  # every GPU in the table has a scale-up and a scale-out link
+        assert dev.scale_up is not None and dev.scale_out is not None
+
+
+def test_nvlink4_is_half_the_bidirectional_datasheet_figure():
+    h100 = " ".join(hardware.get("H100 SXM").sources)
+    bidirectional = float(re.search(r"NVLink (\d+) GB/s", h100).group(1)) * 1e9
+    assert bidirectional == 900e9
+    assert hardware.get_link("NVLink 4").bandwidth == bidirectional / 2 == 450e9
+    assert hardware.get("H100 SXM").scale_up == {"link": "NVLink 4", "chips": 8}
+    assert hardware.get("GB200 (per GPU)").scale_up == {"link": "NVLink 5", "chips": 72}
+
+
+def test_tpu_ici_is_halved_and_says_so():
+    for name, per_direction in (("TPU v5e ICI", 200e9), ("TPU v5p ICI", 600e9),
+                                ("TPU v6e ICI", 400e9), ("TPU7x ICI", 600e9)):
+        spec = hardware.get_link(name)
+        assert spec.bandwidth == per_direction
+        assert any("halved" in n for n in spec.notes)
+
+
+def test_assumed_latencies_are_labelled():
+    for name in ("TPU v5e ICI", "Groq C2C", "400GbE RoCE"):
+        assert any("assumed" in n for n in hardware.get_link(name).notes)
+
+
+@pytest.mark.parametrize("field, value, allowed", [
+    ("bandwidth", -1, "a finite positive number"),
+    ("bandwidth", "fast", "a finite positive number"),
+    ("latency", 0, "a finite positive number"),
+    ("kind", "wifi", "scale-up | scale-out"),
+    ("sources", [], "citation"),
+    ("name", "", "non-empty string"),
+])
+def test_bad_link_names_field_value_and_allowed(field, value, allowed):
+    bad = copy.deepcopy(GOOD_LINK) | {field: value}
+    with pytest.raises(ValueError) as err:
+        hardware.link_from_dict(bad, "links.NVLink 4.")
+    msg = str(err.value)
+    assert f"link field 'links.NVLink 4.{field}'" in msg
+    assert repr(value) in msg and allowed in msg
+
+
+def test_link_without_sources_is_refused():
+    bad = {k: v for k, v in GOOD_LINK.items() if k != "sources"}
+    with pytest.raises(ValueError, match="'sources'"):
+        hardware.link_from_dict(bad)
+
+
+def test_link_table_key_must_match_name():
+    with pytest.raises(ValueError, match="'links.Other.name'"):
+        hardware._links_from_table({"Other": GOOD_LINK})
+
+
+@pytest.mark.parametrize("field, value, where, allowed", [
+    ("scale_up", {"link": "NVLink 9", "chips": 8}, "scale_up.link", "NVLink 4"),
+    ("scale_up", {"link": "NVLink 4", "chips": 1}, "scale_up.chips", "integer >= 2"),
+    ("scale_up", {"link": "NVLink 4"}, "scale_up", "chips"),
+    ("scale_out", "Carrier pigeon", "scale_out", "InfiniBand NDR"),
+])
+def test_device_with_unknown_link_is_value_error(tmp_path, field, value, where, allowed):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(GOOD | {field: value}))
+    with pytest.raises(ValueError) as err:
+        hardware.load_device(path)
+    msg = str(err.value)
+    assert f"'{where}'" in msg and allowed in msg and str(path) in msg
+
+
+def test_device_links_round_trip(tmp_path):
+    mine = GOOD | {"name": "My NVL GPU", "scale_up": {"link": "NVLink 5", "chips": 4},
+                   "scale_out": "400GbE RoCE"}
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(mine))
+    dev = hardware.load_device(path)
+    assert dev.scale_up == {"link": "NVLink 5", "chips": 4} and dev.scale_out == "400GbE RoCE"
+    assert hardware.device_from_dict(dev.to_dict()) == dev
+    for name in ("H100 SXM", "TPU v5e", "Apple M4 Max"):
+        builtin = hardware.get(name)
+        assert hardware.device_from_dict(builtin.to_dict()) == builtin
+
+
+def test_unknown_link_lists_valid_ones():
+    with pytest.raises(KeyError) as err:
+        hardware.get_link("nope")
+    assert "NVLink 4" in str(err.value) and "InfiniBand NDR" in str(err.value)
+
+
+def test_link_converts_to_simulator_link():
+    from refmodel.sim.cluster import Link
+
+    spec = hardware.get_link("NVLink 4")
+    sim = hardware.link(spec)
+    assert isinstance(sim, Link)
+    assert (sim.name, sim.bandwidth, sim.latency) == (spec.name, spec.bandwidth, spec.latency)
+    assert sim.all_reduce(0, 8) == 0.0
+    # a large ring all-reduce is bandwidth-bound: 2 (n-1)/n of the buffer over 450 GB/s
+    assert sim.all_reduce(8e9, 8) == pytest.approx(2 * 7 / 8 * 8e9 / 450e9, rel=1e-3)

@@ -19,7 +19,8 @@ from conftest import tiny
 
 import refmodel
 from refmodel.serving import Request
-from refmodel.serving.engine import Engine, Layout, bucket
+from refmodel.serving.engine import Engine, Layout
+from refmodel.serving.steps import bucket
 
 PAGE = 4
 PROMPT = 28  # 7 pages; a system prompt of 16 tokens (two variants) + 12 of the request's own
@@ -37,11 +38,15 @@ def _one_kind_per_variant() -> list[str]:
     return kinds
 
 
-# Each variant alone; the hybrid puts a ring slot and pages in one pool; the MoE FFN sees
-# padding rows and padded prefill tokens beside the real ones (its routing must not mix them).
-CASES = {kind: {"attention": kind} for kind in _one_kind_per_variant()}
-CASES["hybrid sliding+gqa"] = {"attention": "gqa", "layer_pattern": ("sliding", "gqa")}
-CASES["gqa moe"] = {"attention": "gqa", "ffn": "moe"}
+# Each variant alone, except those a composite case runs: the hybrid puts a sliding ring slot
+# and gqa pages in one pool; "gqa moe" runs the gqa class (MHA/GQA/MQA) with a MoE FFN that
+# sees padding rows and padded prefill tokens beside the real ones (its routing must not mix
+# them). A newly registered variant gets its own case.
+COMPOSITE = {"hybrid sliding+gqa": {"attention": "gqa", "layer_pattern": ("sliding", "gqa")},
+             "gqa moe": {"attention": "gqa", "ffn": "moe"}}
+_COVERED = {refmodel.attention.get(k) for k in ("sliding", "gqa")}
+CASES = {kind: {"attention": kind} for kind in _one_kind_per_variant()
+         if refmodel.attention.get(kind) not in _COVERED} | COMPOSITE
 
 
 def requests(cfg, n: int = 8, seed: int = 0) -> list[Request]:

@@ -13,6 +13,8 @@ Modules, each importing only those before it (no cycle):
                   microbench.plots.breakdown breakdown.json [out.png]`)
     serving.py    the four serve_*.png figures and serve.md (serve.json; `python -m
                   microbench.plots.serving serve.json [out_dir]`)
+    simulate.py   the five simulate_*.png figures and simulate.md (simulate.json: the
+                  simulator against the engine, and the on-paper studies)
 
 Add a figure by writing `<name>_figure(results, title=None) -> Figure` in the module of its
 data and listing it in FIGURES. `draw_all` is what `python -m microbench figures` draws.

@@ -72,6 +72,22 @@ def save(fig: Figure, path: str | Path) -> Path:
     return path
 
 
+def redraw_main(argv: list[str], module: str, draw, summary) -> int:
+    """`python -m microbench.plots.<module> result.json [out_dir]`: draw the figures of one
+    saved result (next to it by default) and print its summary."""
+    import json
+
+    if not 1 <= len(argv) <= 2:
+        print(f"usage: python -m microbench.plots.{module} result.json [out_dir]")
+        return 2
+    src = Path(argv[0])
+    result = json.loads(src.read_text())
+    for path in draw(result, Path(argv[1]) if len(argv) == 2 else src.parent):
+        print(path)
+    print(summary(result))
+    return 0
+
+
 def load_results(paths: Sequence[str | Path]) -> list[dict]:
     """Read, upgrade and validate result files (schema.read_result: errors name the file)."""
     return [read_result(p) for p in paths]

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.ticker import FuncFormatter
 
-from microbench.plots.common import PALETTE, new_figure, save, styled
+from microbench.plots.common import PALETTE, new_figure, redraw_main, save, styled
 
 FILES = ("serve_latency_cdf.png", "serve_goodput.png", "serve_prefix_cache.png",
          "serve_pool_timeline.png")
@@ -436,18 +436,8 @@ def serving_summary(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import json
-
     argv = sys.argv[1:] if argv is None else argv
-    if not 1 <= len(argv) <= 2:
-        print("usage: python -m microbench.plots.serving serve.json [out_dir]")
-        return 2
-    src = Path(argv[0])
-    result = json.loads(src.read_text())
-    for path in draw_serving(result, Path(argv[1]) if len(argv) == 2 else src.parent):
-        print(path)
-    print(serving_summary(result))
-    return 0
+    return redraw_main(argv, "serving", draw_serving, serving_summary)
 
 
 if __name__ == "__main__":

@@ -54,23 +54,20 @@ import numpy as np
 from flax import nnx
 
 from refmodel.model import Transformer, init_cache
-from refmodel.serving.metrics import Timeline
 from refmodel.serving.pool import PagePool
 from refmodel.serving.radix import RadixCache
 from refmodel.serving.request import Chunk, Plan, Request
 from refmodel.serving.scheduler import Scheduler
-
-SHAPES = ("pow2", "fixed")
-
-
-def powers_of_two(n: int) -> list[int]:
-    """n as a sum of distinct powers of two, largest first: 13 -> [8, 4, 1]."""
-    return [1 << k for k in reversed(range(n.bit_length())) if n >> k & 1]
-
-
-def bucket(n: int) -> int:
-    """The power of two >= n (>= 1): shapes the jitted step is compiled for."""
-    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+from refmodel.serving.steps import (
+    SHAPES,
+    Run,
+    Step,
+    WallClock,
+    bucket,
+    call_shapes,
+    plan_calls,
+    serve,
+)
 
 
 @dataclass(frozen=True)
@@ -238,38 +235,6 @@ def _step(graphdef, layout: Layout, greedy: bool, state, arrays, init, tokens, t
     return jax.vmap(jax.random.categorical)(keys, scaled).astype(jnp.int32), arrays
 
 
-@dataclass
-class Step:
-    """What one engine step did and how long it took (seconds on the run's clock)."""
-
-    time: float
-    seconds: float
-    prefill: tuple[tuple[int, int], ...]  # (sequence id, tokens) of each prefill chunk
-    decode_rows: int
-    preempted: int
-
-    @property
-    def prefill_tokens(self) -> int:
-        return sum(n for _, n in self.prefill)
-
-
-@dataclass
-class Run:
-    """The outcome of `Engine.run`: every request's output and timeline, and the run's log."""
-
-    outputs: dict[int, list[int]]
-    timelines: dict[int, Timeline]
-    steps: list[Step]
-    usage: list[tuple[float, int, int]]  # (time, used pages, cached pages) after each step
-    hit_tokens: int
-    miss_tokens: int
-    preemptions: int
-    evicted_pages: int
-    compiles: int
-    prefix_cache: bool
-    num_pages: int
-
-
 class Engine:
     """A model, a page pool (+ radix cache) and a scheduler: `run(requests)` serves them.
 
@@ -355,46 +320,10 @@ class Engine:
         requests = list(requests)
         for r in requests:
             self.check(r)
-        sched = self.scheduler
-        sched.submit(requests)
-        t0, skew, compiles0 = time.perf_counter(), 0.0, TRACES[0]
-        steps0, usage0 = len(self.steps), len(sched.usage)  # this run's part of the logs
-        preempt0 = sched.preemptions
-        evict0 = self.cache.evicted_pages if self.cache else 0
-
-        def now() -> float:
-            return time.perf_counter() - t0 + skew
-
-        while not sched.done:
-            t = now()
-            plan = sched.schedule(t)
-            if not plan.prefill and not plan.decode:
-                nxt = sched.next_arrival()
-                if nxt is None or sched.running:
-                    raise RuntimeError(f"step {plan.step}: nothing planned with "
-                                       f"{len(sched.running)} running, {len(sched.waiting)} "
-                                       "waiting")
-                skew += max(0.0, nxt - t)
-                continue
-            sampled = self.execute(plan)
-            end = now()  # the step's tokens exist from here on
-            sched.commit(plan, sampled, end)
-            self.steps.append(Step(t, now() - t, tuple((c.seq, len(c.tokens))
-                                                       for c in plan.prefill),
-                                   len(plan.decode), len(plan.preempted)))
-            if progress is not None:
-                progress(len(sampled))
-        done = {r.id: sched.finished[r.id] for r in requests}
-        return Run(outputs={i: list(s.output) for i, s in done.items()},
-                   timelines={i: Timeline.of(s) for i, s in done.items()},
-                   steps=self.steps[steps0:], usage=sched.usage[usage0:],
-                   hit_tokens=self.cache.hit_tokens if self.cache else 0,
-                   miss_tokens=self.cache.miss_tokens if self.cache else
-                   sum(len(r.prompt) for r in requests),
-                   preemptions=sched.preemptions - preempt0,
-                   evicted_pages=self.cache.evicted_pages - evict0 if self.cache else 0,
-                   compiles=TRACES[0] - compiles0,
-                   prefix_cache=self.cache is not None, num_pages=self.pool.num_pages)
+        run = serve(self.scheduler, requests, self.execute, WallClock(), progress,
+                    compiles=lambda: TRACES[0])
+        self.steps.extend(run.steps)
+        return run
 
     def _view(self, T: int) -> int | None:
         """Pages in the view of a call of T tokens with max_len set: max_len's pages, plus
@@ -412,42 +341,74 @@ class Engine:
             raise ValueError("warmup needs max_len: without it the view's length follows "
                              "the context and its shapes are not known in advance")
         before = TRACES[0]
-        budget, rows = self.scheduler.token_budget, self.scheduler.max_running
-        pieces = [(1, 1 << k) for k in range(budget.bit_length())]  # state: 2^k pieces
-        if self.shapes == "fixed":
-            shapes = [(rows, 1)] + (pieces if self.layout.has_state else [(1, budget)])
-        else:
-            shapes = [(bucket(b), 1) for b in range(1, rows + 1)]
-            shapes += pieces if self.layout.has_state else \
-                [(1, bucket(t)) for t in range(1, budget + 1)]
-        for B, T in dict.fromkeys(shapes):
-            s, zeros = self.scratch, np.zeros((B,), np.int32)
-            tok, self.arrays = self.step(
-                self.state, self.arrays, self.init, np.zeros((B, T), np.int32),
-                np.full((B, self._view(T)), s, np.int32),
-                np.full((B,), s, np.int32), zeros, zeros, np.ones((B,), bool),
-                self._temperature, self._keys(B))
-            tok.block_until_ready()
+        shapes = call_shapes(self.layout.has_state, self.shapes, self.scheduler.token_budget,
+                             self.scheduler.max_running)
+        for B, T in shapes:
+            self._scratch_call(B, T)
         return TRACES[0] - before
+
+    def _scratch_args(self, B: int, T: int, pages: np.ndarray | None = None,
+                      tokens: np.ndarray | None = None) -> tuple:
+        """The step's arguments for a call of shape (B, T) whose rows read and write the
+        scratch page, or, with `pages`, the pages it names (B x view pages; each row writes
+        T tokens ending at max_len, as the longest request would); `tokens` [B, T] or
+        zeros."""
+        s, zeros = self.scratch, np.zeros((B,), np.int32)
+        tokens = np.zeros((B, T), np.int32) if tokens is None else tokens
+        if pages is None:
+            tables, start, new = np.full((B, self._view(T)), s, np.int32), zeros, zeros
+        else:
+            last = max(0, self.view_pages * self.pool.page_size - T)  # rows end at max_len
+            tables, start = pages, np.full((B,), last, np.int32)
+            new = np.full((B,), T, np.int32)
+        return (self.state, self.arrays, self.init, tokens, tables,
+                np.full((B,), s, np.int32), start, new, np.full((B,), pages is None),
+                self._temperature, self._keys(B))
+
+    def _scratch_call(self, B: int, T: int, pages: np.ndarray | None = None,
+                      tokens: np.ndarray | None = None) -> None:
+        tok, self.arrays = self.step(*self._scratch_args(B, T, pages, tokens))
+        np.asarray(tok)
+
+    def compiled(self, B: int, T: int):
+        """The compiled step of shape (B, T) (for counting its kernels)."""
+        return self.step.lower(*self._scratch_args(B, T)).compile()
+
+    def time_shapes(self, repeats: int = 5, seed: int = 0, shared_pages: int = 0
+                    ) -> dict[tuple[int, int], list[float]]:
+        """Seconds of each call shape (B, T) `run` can make, `repeats` times each, shapes
+        interleaved round by round so drift spreads over all of them: the measured table a
+        simulator predicts this engine's steps from. Each row reads its own pages spread
+        over the whole array (a scratch-page call would read one page from cache), except
+        its first `shared_pages` pages, the same for every row, as a shared system prompt's
+        are; tokens are random ids (a MoE router sees them spread over its experts). It
+        writes into pages: call it on an engine that has served nothing yet."""
+        if self.pool.used_pages or self.pool.cached_pages:
+            raise RuntimeError("time_shapes writes into pages: call it before serving")
+        shapes = call_shapes(self.layout.has_state, self.shapes, self.scheduler.token_budget,
+                             self.scheduler.max_running)
+        rng = np.random.default_rng(seed)
+        out: dict[tuple[int, int], list[float]] = {shape: [] for shape in shapes}
+        for _ in range(repeats):
+            for B, T in shapes:
+                n = self._view(T)
+                k = min(shared_pages, n)
+                order = rng.permutation(self.scratch)
+                own = np.resize(order[k:], B * (n - k)).reshape(B, n - k)
+                pages = np.concatenate([np.tile(order[:k], (B, 1)), own], axis=1)
+                pages = pages.astype(np.int32)
+                # random tokens: a MoE router spreads them over experts as real text does
+                tokens = rng.integers(0, self.cfg.vocab_size, (B, T), dtype=np.int32)
+                t = time.perf_counter()
+                self._scratch_call(B, T, pages, tokens)
+                out[(B, T)].append(time.perf_counter() - t)
+        return out
 
     # ---- one step ---------------------------------------------------------------------------
     def execute(self, plan: Plan) -> dict[int, int]:
         """Run a plan's chunks on the model; returns {sequence id: sampled token}."""
-        out = []
-        for c in plan.prefill:
-            if self.layout.has_state:  # a state would absorb padding: pieces of 2^k tokens
-                off = 0
-                for n in powers_of_two(len(c.tokens)):
-                    piece = Chunk(c.seq, c.start + off, c.tokens[off:off + n],
-                                  c.samples and off + n == len(c.tokens))
-                    out.append(([piece], self._call([piece], n)))
-                    off += n
-                continue
-            n = len(c.tokens)  # one call, padded
-            T = self.scheduler.token_budget if self.shapes == "fixed" else bucket(n)
-            out.append(([c], self._call([c], T)))
-        if plan.decode:
-            out.append((plan.decode, self._call(plan.decode, 1)))
+        out = [(call.chunks, self._call(list(call.chunks), call.rows, call.tokens))
+               for call in self.calls(plan)]
         sampled = {}
         for chunks, tokens in out:
             tokens = np.asarray(tokens)
@@ -456,10 +417,13 @@ class Engine:
                     sampled[c.seq] = int(tokens[i])
         return sampled
 
-    def _call(self, chunks: list[Chunk], T: int) -> jax.Array:
-        """The jitted step on these chunks, rows padded to a power of two, T tokens each."""
-        B = self.scheduler.max_running if self.shapes == "fixed" and T == 1 \
-            else bucket(len(chunks))
+    def calls(self, plan: Plan):
+        """The model calls of `plan` (refmodel.serving.steps.plan_calls)."""
+        return plan_calls(plan, self.layout.has_state, self.shapes,
+                          self.scheduler.token_budget, self.scheduler.max_running)
+
+    def _call(self, chunks: list[Chunk], B: int, T: int) -> jax.Array:
+        """The jitted step on these chunks, padded to B rows of T tokens."""
         ps = self.pool.page_size
         tables = [self.pool.block_table(c.seq) for c in chunks]
         n = self._view(T) or bucket(max(max(len(t), -(-(c.start + T) // ps))

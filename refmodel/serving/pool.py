@@ -75,7 +75,9 @@ class PagePool:
 
     @property
     def used_pages(self) -> int:
-        return sum(r > 0 for r in self.ref)
+        """Pages with a reference: free, used and cached partition the pages (`check`), so
+        this is what is neither free nor cached, without a scan of every page."""
+        return self.num_pages - len(self._free) - self.cached_pages
 
     @property
     def cached_pages(self) -> int:
@@ -209,4 +211,5 @@ class PagePool:
             states = (p in free) + (self.ref[p] > 0) + (self.ref[p] == 0 and p in self.cached)
             assert states == 1, f"page {p}: ref={self.ref[p]} free={p in free} " \
                                 f"cached={p in self.cached}"
+        assert self.used_pages == sum(r > 0 for r in self.ref)
         return {"free": self.free_pages, "used": self.used_pages, "cached": self.cached_pages}

@@ -1,0 +1,184 @@
+"""`simulate`: the simulator checked against the engine on this machine (MAPE of TTFT, TPOT
+and end-to-end latency), then serving at scale on paper: real models on spec chips with
+tensor parallelism, prefill/decode and attention-FFN disaggregation, SRAM-only chips."""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+import time
+from pathlib import Path
+
+PARTS = ("check", "paper")
+DEFAULT_PEAKS = "results/microbench/peaks.json"  # where `python -m microbench run` puts it
+QUICK_CHECK = dict(models=("tiny", "tiny+moe"), policies=("mixed",), rate_fractions=(0.5,),
+                   requests=6, system_len=64, prompt_len=16, output_len=8, page_size=8,
+                   token_budget=32, max_running=4, table_repeats=2, engine_repeats=2)
+QUICK_PAPER = dict(models=("llama3-8b",), mixes=(("chat", 256, 32),), rate_fractions=(0.5,),
+                   requests=16, batch_caps=(1, 16), pd_designs=((1, 1),),
+                   afd_models=("qwen3-30b-a3b",), afd_chips=8, sram_batches=(1, 8),
+                   context=1024, max_running=16)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in _names(text))
+    except ValueError:
+        raise ValueError(f"{text!r}: give comma-separated numbers") from None
+
+
+# option -> (part, field, parser, help); None means the part's default (or --quick's)
+OPTIONS = {
+    "--models": ("check", "models", _names, "presets checked against the engine, each "
+                 "optionally +<attention kind> or +moe"),
+    "--policies": ("check", "policies", _names, "scheduler policies of the check"),
+    "--rate-fractions": ("check", "rate_fractions", _floats,
+                         "check rates as fractions of the naive capacity"),
+    "--requests": ("check", "requests", int, "requests per check run"),
+    "--engine-repeats": ("check", "engine_repeats", int, "engine runs per trace"),
+    "--device": ("paper", "device", str, "hardware database device of the on-paper studies"),
+    "--paper-models": ("paper", "models", _names, "presets of the scale-out study"),
+    "--pd-model": ("paper", "pd_model", str, "preset of the disaggregation study"),
+    "--sram-chip": ("paper", "sram_chip", str, "SRAM-only device"),
+}
+
+
+def add_args(p) -> None:
+    p.add_argument("--parts", type=_names, default=PARTS,
+                   help=f"comma list of {', '.join(PARTS)} (default both)")
+    p.add_argument("--config", default=None,
+                   help="a JSON (or, on Python >= 3.11, TOML) file {check: {...}, paper: "
+                        "{...}} of fields of microbench.simulate.Check / microbench.scale."
+                        "Paper; flags win over it")
+    for option, (part, field, kind, text) in OPTIONS.items():
+        p.add_argument(option, type=kind, default=None, help=f"{text} ({part}.{field})")
+    p.add_argument("--peaks", default=None,
+                   help="peaks.json with this machine's roofs for the roofline predictor "
+                        "(default: results/microbench/peaks.json if present, else measured "
+                        "now with peaks --quick, about 1.5 minutes)")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny models and few requests: about a minute")
+    p.add_argument("--out", default="results/simulate", help="output folder")
+    p.add_argument("--no-plot", action="store_true", help="write the JSON only")
+
+
+def _config_file(path: str | None) -> dict:
+    if path is None:
+        return {}
+    from microbench.files import read_json
+
+    if path.endswith(".toml"):
+        try:
+            import tomllib
+        except ImportError:
+            raise ValueError(f"--config {path}: TOML needs Python >= 3.11; use JSON") from None
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    else:
+        data = read_json(path)
+    if not isinstance(data, dict) or set(data) - set(PARTS):
+        raise ValueError(f"--config {path}: give an object with keys among {PARTS}")
+    return data
+
+
+def setups(args):
+    """(Check, Paper) from --quick, --config and the flags, in that order of precedence."""
+    from microbench.scale import Paper
+    from microbench.simulate import Check
+
+    values = {"check": dict(QUICK_CHECK) if args.quick else {},
+              "paper": dict(QUICK_PAPER) if args.quick else {}}
+    for part, fields in _config_file(args.config).items():
+        if not isinstance(fields, dict):
+            raise ValueError(f"--config: {part} must be an object of fields")
+        values[part].update(fields)
+    for option, (part, field, _, _) in OPTIONS.items():
+        if getattr(args, field_attr(option)) is not None:
+            values[part][field] = getattr(args, field_attr(option))
+    out = []
+    for cls, part in ((Check, "check"), (Paper, "paper")):
+        known = {f.name for f in dataclasses.fields(cls)}
+        bad = set(values[part]) - known
+        if bad:
+            raise ValueError(f"{part}: unknown field(s) {sorted(bad)}; allowed: {sorted(known)}")
+        fields = {k: tuple(tuple(x) if isinstance(x, list) else x for x in v)
+                  if isinstance(v, list) else v for k, v in values[part].items()}
+        out.append(cls(**fields))
+    return out
+
+
+def field_attr(option: str) -> str:
+    return option[2:].replace("-", "_")
+
+
+def _peaks_path(args) -> str | None:
+    """The peaks.json to read, or None to measure now; a named file that is missing fails
+    here, before anything runs."""
+    if args.peaks is not None:
+        if not Path(args.peaks).is_file():
+            raise ValueError(f"--peaks {args.peaks}: no such file")
+        return args.peaks
+    return DEFAULT_PEAKS if Path(DEFAULT_PEAKS).is_file() else None
+
+
+def _peaks(path: str | None, progress) -> dict:
+    from microbench.files import read_json
+
+    if path is not None:
+        return read_json(path)
+    from microbench import peaks
+
+    progress("this machine's roofs (peaks --quick)")
+    return peaks.measure(quick=True, progress=False)
+
+
+def run(args) -> int:
+    from tqdm import tqdm
+
+    from microbench.files import output_set, write_json_atomic, write_text_atomic
+
+    t0 = time.perf_counter()
+    bad = set(args.parts) - set(PARTS)
+    if bad or not args.parts:
+        raise ValueError(f"--parts {','.join(args.parts)}: choose among {PARTS}")
+    check, paper = setups(args)
+    check.check()
+    paper.check()
+    peaks_path = _peaks_path(args) if "check" in args.parts else None
+    with output_set(args.out) as out:
+        with tqdm(desc="simulate", unit="part", leave=False) as bar:
+            def progress(what: str) -> None:
+                bar.set_postfix_str(what)
+                bar.update(1)
+
+            from microbench import harness
+
+            result = {"kind": "simulate", "environment": harness.environment()}
+            if "check" in args.parts:
+                from microbench.simulate import validate
+
+                result["check"] = validate(check, _peaks(peaks_path, progress), progress)
+                result["check"]["peaks_source"] = peaks_path or "measured now (peaks --quick)"
+            if "paper" in args.parts:
+                from microbench.scale import study
+
+                result["paper"] = study(paper, progress)
+        result["wall_s"] = time.perf_counter() - t0
+        write_json_atomic(out / "simulate.json", result)
+        # kept if drawing fails (the set in `out` is then discarded): minutes of runs
+        write_json_atomic(Path(tempfile.gettempdir()) / "simulate-last.json", result)
+        from microbench.plots.simulate import draw_simulate, simulate_summary
+
+        summary = simulate_summary(result)
+        write_text_atomic(out / "simulate.md", summary + "\n")
+        wrote = [Path(args.out) / "simulate.json", Path(args.out) / "simulate.md"]
+        if not args.no_plot:
+            wrote += [Path(args.out) / p.name for p in draw_simulate(result, out)]
+    print(summary)
+    print(f"wrote {', '.join(map(str, wrote))} in {time.perf_counter() - t0:.0f} s")
+    return 0
+
