@@ -67,6 +67,7 @@ from refmodel.serving.steps import (
     call_shapes,
     plan_calls,
     serve,
+    view_pages,
 )
 
 
@@ -326,12 +327,10 @@ class Engine:
         return run
 
     def _view(self, T: int) -> int | None:
-        """Pages in the view of a call of T tokens with max_len set: max_len's pages, plus
-        room for T - 1 padding tokens past the end (a write running off the view would be
-        clamped back onto real tokens)."""
+        """Pages in the view of a call of T tokens with max_len set (steps.view_pages)."""
         if self.view_pages is None:
             return None
-        return self.view_pages + (-(-(T - 1) // self.pool.page_size) if T > 1 else 0)
+        return view_pages(self.max_len, self.pool.page_size, T)
 
     def warmup(self) -> int:
         """Compile every shape `run` can call with a fixed view (max_len), before the clock

@@ -32,6 +32,13 @@ def bucket(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
 
+def view_pages(max_len: int, page_size: int, T: int) -> int:
+    """Pages in the fixed view of a call of T tokens: max_len's pages, plus room for T - 1
+    padding tokens past the end (a write running off the view would be clamped back onto
+    real tokens)."""
+    return -(-max_len // page_size) + (-(-(T - 1) // page_size) if T > 1 else 0)
+
+
 @dataclass(frozen=True)
 class Call:
     """One model call: `chunks` (one per real row) padded to `rows` rows of `tokens` tokens."""

@@ -30,7 +30,7 @@ from refmodel import attention, costs
 from refmodel.config import ModelConfig
 from refmodel.counting import BYTES
 from refmodel.serving.request import Plan
-from refmodel.serving.steps import Call, plan_calls
+from refmodel.serving.steps import Call, plan_calls, view_pages
 from refmodel.sim.cluster import Chip, Link
 
 
@@ -58,10 +58,8 @@ class EngineCalls:
                           self.max_running)
 
     def view(self, T: int) -> int:
-        """Tokens in the view of a call of T tokens (Engine._view, in tokens)."""
-        pages = -(-self.max_len // self.page_size)
-        pages += -(-(T - 1) // self.page_size) if T > 1 else 0
-        return pages * self.page_size
+        """Tokens in the view of a call of T tokens (the engine's, steps.view_pages)."""
+        return view_pages(self.max_len, self.page_size, T) * self.page_size
 
 
 class TableTime:
@@ -186,12 +184,9 @@ class RooflineTime:
             c = costs.step_costs(self.cfg, [(tokens, 0)], count="engine", logits="last",
                                  **self.dtypes)
             f, b = self._attention((tokens, 0))
+            # that one-sequence step's head ran on 1 row; this step's on `sequences`
             one = costs.head_costs(self.cfg, 1, self._dt)
-            self._memo[key] = (c["flops"] - f, c["bytes"] - b) if sequences == 1 else \
-                self._headed(c, f, b, sequences, one)
+            rows = costs.head_costs(self.cfg, sequences, self._dt)
+            self._memo[key] = (c["flops"] - f - one.flops + rows.flops,
+                               c["bytes"] - b - one.bytes + rows.bytes)
         return self._memo[key]
-
-    def _headed(self, c: dict, f: float, b: float, sequences: int, one) -> tuple[float, float]:
-        rows = costs.head_costs(self.cfg, sequences, self._dt)
-        return (c["flops"] - f - one.flops + rows.flops,
-                c["bytes"] - b - one.bytes + rows.bytes)
