@@ -53,6 +53,9 @@ COMMANDS: list[Command] = [
     Command("simulate", "the simulator against the engine (MAPE), then serving at scale on "
             "paper: TP, PD and attention-FFN disaggregation, SRAM chips",
             "microbench.commands.simulate"),
+    Command("speculative", "speculative decoding on the trained pair: acceptance vs k, "
+            "measured vs predicted speedup, the verify step on the roofline",
+            "microbench.commands.speculative"),
 ]
 
 

@@ -96,6 +96,58 @@ ax.legend()
 display(fig)
 
 # %% [markdown]
+# ### A trained router
+#
+# A random router is close to uniform; a trained one is not, and nothing in this model asks it
+# to be (no load-balancing loss). `python -m refmodel train --recipe target-moe` trains
+# `byte-target-moe` (top-2 of 8 experts, ~6M of ~17M parameters active) on the Python
+# standard library's source (`refmodel.training`; the README gives its time; the checkpoint
+# is cached per user). When that checkpoint is cached (always with `LAB_FULL=1`, which trains
+# it if missing), the cells below route validation text, which it never trained on, through
+# it and through the same architecture freshly initialised.
+
+# %%
+from refmodel import training  # noqa: E402
+
+moe_recipe = training.recipes.get("target-moe")
+TRAINED = training.checkpoint_path(moe_recipe).exists() or not QUICK
+if TRAINED:
+    trained_moe = training.trained("target-moe")
+    untrained = refmodel.init(trained_moe.cfg, seed=0)
+    text = jnp.asarray(training.data.load().val[:8 * 256].reshape(8, 256).astype(np.int32))
+    loads = {name: {layer: np.asarray(n) for layer, n in refmodel.router_stats(m, text).items()}
+             for name, m in (("trained", trained_moe), ("initialised", untrained))}
+    imbalance = {name: np.mean([n.max() / n.mean() for n in s.values()])
+                 for name, s in loads.items()}
+    for layer, n in loads["trained"].items():
+        print(f"layer {layer}: {n.tolist()}  max/mean {n.max() / n.mean():.2f}")
+    print({k: round(float(v), 2) for k, v in imbalance.items()}, "(mean over layers of max/mean)")
+else:
+    print("no trained MoE cached: `python -m refmodel train --recipe target-moe`, or LAB_FULL=1")
+
+# %%
+# CHECK: every validation token is routed to top_k experts in every layer, and training made
+# the load less even than the same router freshly initialised.
+if TRAINED:
+    tokens_a = text.size * trained_moe.cfg.top_k
+    assert all(n.sum() == tokens_a for s in loads.values() for n in s.values())
+    assert imbalance["trained"] > imbalance["initialised"], imbalance
+    fig = Figure(figsize=(9, 4), layout="constrained")
+    ax = fig.add_subplot()
+    n_layers, E_t = len(loads["trained"]), trained_moe.cfg.n_experts
+    width = 0.8 / n_layers
+    for j, (layer, n) in enumerate(loads["trained"].items()):
+        ax.bar(np.arange(E_t) + (j - (n_layers - 1) / 2) * width, n / n.sum(), width,
+               label=f"layer {layer}")
+    ax.axhline(1 / E_t, color="black", ls="--", label="uniform 1/E")
+    ax.set_xlabel("Expert")
+    ax.set_ylabel("Share of routed tokens")
+    ax.set_title(f"Trained byte-target-moe on {text.size} validation bytes: max/mean "
+                 f"{imbalance['trained']:.2f} (initialised: {imbalance['initialised']:.2f})")
+    ax.legend(ncol=2, fontsize=8)
+    display(fig)
+
+# %% [markdown]
 # ## Step 2 · Active vs total parameters of real MoE models
 #
 # `refmodel.costs.param_counts` derives both from the architecture alone (no fitted numbers);

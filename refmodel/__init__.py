@@ -28,6 +28,10 @@ Public API (tests, notebooks and microbench use only this):
     logits, cache = refmodel.decode_step(model, tokens[:, t], cache)  # [B] -> [B, V]
     out = refmodel.generate(model, prompt, max_new_tokens=n, temperature=0.0)  # [B, T + n]
     phases = refmodel.Phases(model)                   # jitted pure phase functions
+
+Beside it: `refmodel.training` (byte-level models trained with optax on the Python standard
+library's source), `refmodel.speculative` (draft, verify, accept, roll back),
+`refmodel.serving` (the engine) and `refmodel.sim` (the simulator).
 """
 
 from refmodel import attention, costs, counting, presets

@@ -78,10 +78,40 @@ def costs_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+DEFAULT_RECIPES = ("target", "draft", "target-moe")
+
+
+def train(names: list[str], fresh: bool = False, progress: bool = True) -> list:
+    """`python -m refmodel train`: each recipe trained (or resumed) and reported."""
+    from refmodel import training  # imports optax and the corpus only when asked
+
+    recipes = [training.recipes.get(n) for n in names]  # unknown names fail before training
+    results = []
+    for recipe in recipes:
+        r = training.train(recipe, resume=not fresh, progress=progress)
+        p = costs.param_counts(presets.get(recipe.model))
+        print(f"{recipe.name}: {recipe.model}, {p['total']:,} parameters, step {r.step} of "
+              f"{recipe.steps} ({recipe.tokens:,} tokens), this run {r.seconds:.0f} s"
+              + (f" at {r.tokens_per_s:,.0f} tokens/s" if r.trained_tokens else
+                 " (already trained: loaded)")
+              + f"; validation {r.val_bpb:.3f} bits/byte; "
+              f"checkpoint {r.path}\n  corpus {r.corpus}", flush=True)
+        results.append(r)
+    return results
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m refmodel", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("presets", help="list the presets: parameters and KV bytes per token")
+    t = sub.add_parser("train", help="train byte-level models on the Python standard library "
+                                     "(checkpoints cached per user; resumes a stopped run)")
+    t.add_argument("--recipe", nargs="+", default=list(DEFAULT_RECIPES),
+                   help=f"recipes of refmodel.training.recipes (default: "
+                        f"{' '.join(DEFAULT_RECIPES)})")
+    t.add_argument("--fresh", action="store_true",
+                   help="start from step 0 even if a checkpoint exists")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
     c = sub.add_parser("costs", help="analytic FLOPs and bytes per phase and op")
     c.add_argument("--preset", help=f"one of {', '.join(presets.names())}")
     c.add_argument("--batch", type=int, default=1, help="sequences (B), default 1")
@@ -108,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "presets":
             print(presets_table())
+        elif args.command == "train":
+            train(args.recipe, fresh=args.fresh, progress=not args.quiet)
         elif args.check:
             from refmodel import compiler_check  # imports jax compilation machinery only when asked
 

@@ -280,6 +280,21 @@ def step_costs(cfg: ModelConfig, chunks, weight_dtype: str | None = None,
             "ops": {op: _numbers(c) for op, c in ops.items()}}
 
 
+def verify_costs(cfg: ModelConfig, batch: int, context: int, k: int,
+                 weight_dtype: str | None = None, kv_dtype: str | None = None,
+                 act_dtype: str | None = None, count: str = "implementation") -> dict:
+    """The verify pass of speculative decoding (refmodel/speculative.py): `batch` sequences at
+    `context` cached tokens each take k + 1 new ones (the pending token and k proposals) in
+    one step, logits on all of them: `step_costs` of [(k + 1, context)] x batch. Weights are
+    read once for the k + 1 tokens, so its intensity is about k + 1 times decode's while
+    weights dominate the bytes. (Linear attention's verify runs its k + 1 tokens through the
+    recurrence, keeping each state, where this counts its chunked form: a few FLOPs apart.)"""
+    _check_int("k", k, 0)
+    _check_int("batch", batch, 1)
+    _check_int("context", context, 0)
+    return step_costs(cfg, [(k + 1, context)] * batch, weight_dtype, kv_dtype, act_dtype, count)
+
+
 def _numbers(cost: Cost) -> dict:
     return {**cost.as_dict(), "intensity": cost.intensity if cost.bytes else None}
 

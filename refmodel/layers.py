@@ -87,6 +87,10 @@ class DenseFFN(nnx.Module):
         self.bias = cfg.mlp_bias
 
     def __call__(self, x: jax.Array) -> jax.Array:  # [..., D] -> [..., D]
+        # The products run on [tokens, D]: on [B, T, D] XLA:CPU's backward pass took 1.5x as
+        # long (a train step of byte-target: 2.05 s -> 1.71 s with the rows flattened).
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
         with jax.named_scope("ffn_up"):
             up = x @ self.w_up[...]  # [..., F]
             if self.bias:
@@ -99,7 +103,7 @@ class DenseFFN(nnx.Module):
             y = h @ self.w_down[...]  # [..., D]
             if self.bias:
                 y = y + self.b_down[...]
-        return y
+        return y.reshape(shape)
 
     # Costs ------------------------------------------------------------------------------------
 

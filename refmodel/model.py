@@ -54,14 +54,18 @@ class Block(nnx.Module):
             if cfg.post_norms:
                 self.ffn_post_norm = norm(cfg, D, rngs)
 
-    def mix(self, x: jax.Array, start: jax.Array, cache):  # [B, T, D] -> [B, T, D]
+    def mix(self, x: jax.Array, start: jax.Array, cache, snapshots: bool = False):
+        """[B, T, D] -> ([B, T, D], cache), or with snapshots=True (x, cache, snaps): the
+        mixer's `verify`, which keeps what a rollback needs (speculative decoding)."""
         if self.kind == "none":
-            return x, cache
+            return (x, cache, None) if snapshots else (x, cache)
         with jax.named_scope("attention"):
-            h, cache = self.attn(self.attn_norm(x), start, cache)
+            h = self.attn_norm(x)
+            h, cache, snaps = self.attn.verify(h, start, cache) if snapshots \
+                else (*self.attn(h, start, cache), None)
             if self.post_norms:
                 h = self.attn_post_norm(h)
-        return x + h, cache
+        return (x + h, cache, snaps) if snapshots else (x + h, cache)
 
     def feed(self, x: jax.Array) -> jax.Array:  # [B, T, D] -> [B, T, D]
         if self.ffn_kind == "none":
@@ -114,17 +118,43 @@ class Transformer(nnx.Module):
 
     def __call__(self, tokens: jax.Array, cache: Cache | None = None):
         """tokens [B, T] -> (logits [B, T, V], cache advanced by T); no cache: causal forward."""
+        if cache is None:
+            return self.run(tokens, None, False)[0], None
+        logits, cache, _ = self.run(tokens, cache, False)
+        return logits, cache
+
+    def verify(self, tokens: jax.Array, cache: Cache):
+        """A speculative chunk: (logits [B, T, V], cache advanced by T, snaps), snaps holding
+        per layer what `rollback` needs to take back any of the T tokens."""
+        return self.run(tokens, cache, True)
+
+    def run(self, tokens: jax.Array, cache: Cache | None, snapshots: bool):
         start = jnp.zeros((), jnp.int32) if cache is None else cache.pos
         x = self.embed_tokens(tokens, start)
-        layers = []
+        layers, snaps = [], []
         for i, block in enumerate(self.blocks):
-            x, c = block.mix(x, start, None if cache is None else cache.layers[i])
+            c = None if cache is None else cache.layers[i]
+            x, c, *snap = block.mix(x, start, c, snapshots)
             x = block.feed(x)
             layers.append(c)
+            snaps.append(snap[0] if snap else None)
         logits = self.head(x)
         if cache is None:
-            return logits, None
-        return logits, cache.replace(layers=tuple(layers), pos=cache.pos + tokens.shape[1])
+            return logits, None, None
+        cache = cache.replace(layers=tuple(layers), pos=cache.pos + tokens.shape[1])
+        return logits, cache, tuple(snaps)
+
+
+def rollback(cfg: ModelConfig, before: Cache, after: Cache, snaps: tuple,
+             keep: jax.Array) -> Cache:
+    """`after` (a chunk's verify from `before`) as if only each row's first keep [B] >= 1
+    tokens had been fed: every layer's variant rolls its own cache back."""
+    pos = before.pos + keep
+    layers = tuple(
+        a if kind == "none" else attention.get(kind).rollback(cfg, kind, b, a, s, keep, pos)
+        for kind, b, a, s in zip(cfg.layer_kinds, before.layers, after.layers, snaps,
+                                 strict=True))
+    return after.replace(layers=layers, pos=pos)
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int) -> Cache:

@@ -43,7 +43,15 @@ def expert_tile(pairs: int, n_experts: int) -> int:
 
 
 class MoE(nnx.Module):
-    """Routed experts (and optional always-on shared experts) replacing the dense FFN."""
+    """Routed experts (and optional always-on shared experts) replacing the dense FFN.
+
+    `dense_dispatch` (off by default; `refmodel.training` turns it on): every expert runs on
+    every token, weighted by the router's top-k weights (zero for the others), the same
+    output at E / A times the routed FLOPs. Training needs it: the grouped loop's trip count
+    depends on the routing, and reverse mode cannot differentiate a loop of dynamic length.
+    """
+
+    dense_dispatch: bool = False
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         D, E, F = cfg.d_model, cfg.n_experts, cfg.expert_width
@@ -85,6 +93,11 @@ class MoE(nnx.Module):
         x = x.reshape(-1, shape[-1])  # [B*T, D]
         weights, idx = self.route(x)
         A, E = cfg.top_k, cfg.n_experts
+        if self.dense_dispatch:
+            combine = jnp.zeros((x.shape[0], E), x.dtype).at[
+                jnp.arange(x.shape[0])[:, None], idx].set(weights)  # [B*T, E]
+            y = sum(combine[:, e:e + 1] * self.expert(e, x) for e in range(E))
+            return self._with_shared(x, y).reshape(shape)
         with jax.named_scope("dispatch"):
             flat = idx.reshape(-1)  # [B*T*A]
             order = jnp.argsort(flat, stable=True)  # pairs sorted by expert
@@ -95,13 +108,17 @@ class MoE(nnx.Module):
         with jax.named_scope("combine"):
             ys = ys * weights.reshape(-1)[order][:, None]
             y = jnp.zeros_like(x).at[token].add(ys)  # [B*T, D]
-        if self.shared is not None:
-            with jax.named_scope("shared_experts"):
-                shared = self.shared(x)  # [B*T, D]
-                if cfg.shared_expert_gate:
-                    shared = shared * jax.nn.sigmoid(x @ self.w_shared_gate[...])  # [B*T, 1]
-                y = y + shared
-        return y.reshape(shape)
+        return self._with_shared(x, y).reshape(shape)
+
+    def _with_shared(self, x: jax.Array, y: jax.Array) -> jax.Array:
+        """y [B*T, D] plus the shared experts' output on x [B*T, D], if the config has any."""
+        if self.shared is None:
+            return y
+        with jax.named_scope("shared_experts"):
+            shared = self.shared(x)  # [B*T, D]
+            if self.cfg.shared_expert_gate:
+                shared = shared * jax.nn.sigmoid(x @ self.w_shared_gate[...])  # [B*T, 1]
+            return y + shared
 
     def expert(self, e: int, x: jax.Array) -> jax.Array:
         """Expert e's FFN on rows x [t, D] -> [t, D]."""

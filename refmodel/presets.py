@@ -42,6 +42,22 @@ _add(ModelConfig(name="medium", vocab_size=32000, d_model=1024, n_layers=20, n_h
                  sparse_top_k=256, indexer_heads=4, indexer_dim=64, linear_k_heads=8,
                  linear_v_heads=16, linear_key_dim=64, linear_value_dim=64, linear_chunk=64))
 
+# Byte-level models trained here on the Python standard library's source (refmodel/training):
+# vocabulary 257 = 256 bytes + BOS. The target is ~9.6M parameters (38 MB in float32, more than
+# a 32 MiB last-level cache: its batch-1 decode streams from DRAM, as a real model's does); the
+# draft, ~1M, shares its tokenizer; the MoE target routes top-2 of 8 experts (~6M active of
+# ~17M); the micro model trains in seconds for CI.
+_BYTE = dict(vocab_size=257, rope_theta=10_000.0)
+_add(ModelConfig(name="byte-micro", d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=192,
+                 window=16, **_BYTE))
+_add(ModelConfig(name="byte-draft", d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=512,
+                 window=64, **_BYTE))
+_add(ModelConfig(name="byte-target", d_model=384, n_layers=6, n_heads=6, n_kv_heads=2,
+                 d_ff=1024, window=64, **_BYTE))
+_add(ModelConfig(name="byte-target-moe", d_model=384, n_layers=6, n_heads=6, n_kv_heads=2,
+                 d_ff=1024, ffn="moe", n_experts=8, top_k=2, d_ff_expert=256, window=64,
+                 **_BYTE))
+
 
 # Real architectures: counted, never materialised -----------------------------------------------
 #

@@ -74,6 +74,8 @@ def test_moe_matches_every_expert_oracle(score, shared, rng):
     moe = MoE(cfg, rngs=nnx.Rngs(0))
     x = rng.standard_normal((37, cfg.d_model)).astype(np.float32)
     assert_close(moe(jnp.asarray(x)), moe_oracle(moe, x), 1e-5)
+    moe.dense_dispatch = True  # training's path: every expert on every token
+    assert_close(moe(jnp.asarray(x)), moe_oracle(moe, x), 1e-5)
 
 
 def test_router_stats_count_every_routed_token():

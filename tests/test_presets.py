@@ -21,7 +21,8 @@ import refmodel
 from refmodel import costs, presets
 from refmodel.model import Block
 
-RUNNABLE = ("tiny", "small", "medium", "bench")
+RUNNABLE = ("tiny", "small", "medium", "bench", "byte-micro", "byte-draft", "byte-target",
+            "byte-target-moe")
 REAL = tuple(n for n in presets.names() if n not in RUNNABLE)
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 def add_args(p) -> None:
     p.add_argument("--data", default="figures/data",
-                   help="folder with peaks.json, phases.json (and serve.json, simulate.json "
-                        "when present)")
+                   help="folder with peaks.json, phases.json (and serve.json, simulate.json, "
+                        "speculative.json when present)")
     p.add_argument("--out", default="figures", help="output folder")
 
 
@@ -17,22 +17,42 @@ def run(args) -> int:
 
     for f in summary.draw(args.out, args.data):
         print(f"wrote {f}")
-    for f in simulate_figures(args.out, args.data):
-        print(f"wrote {f}")
+    for name in SAVED:
+        for f in saved_figures(name, args.out, args.data):
+            print(f"wrote {f}")
     return 0
 
 
-def simulate_figures(out_dir, data_dir) -> list[Path]:
-    """The simulate figures and simulate.md from data_dir/simulate.json, when it exists
-    (`microbench simulate`), written into out_dir as one set."""
-    src = Path(data_dir) / "simulate.json"
+# saved result -> (module drawing it, its draw function, its summary function); each is
+# redrawn when data_dir holds its JSON (the command that measured it writes both)
+SAVED = {"simulate": ("microbench.plots.simulate", "draw_simulate", "simulate_summary"),
+         "speculative": ("microbench.plots.speculative", "draw_speculative",
+                         "speculative_summary")}
+
+
+def saved_figures(name: str, out_dir, data_dir) -> list[Path]:
+    """The figures and NAME.md from data_dir/NAME.json, when it exists (`microbench NAME`),
+    written into out_dir as one set."""
+    import importlib
+
+    src = Path(data_dir) / f"{name}.json"
     if not src.exists():
         return []
     from microbench.files import output_set, read_json, write_text_atomic
-    from microbench.plots.simulate import draw_simulate, simulate_summary
 
+    module, draw, summary = SAVED[name]
+    plots = importlib.import_module(module)
     result = read_json(src)
     with output_set(out_dir) as tmp:
-        written = draw_simulate(result, tmp)
-        written.append(write_text_atomic(tmp / "simulate.md", simulate_summary(result) + "\n"))
+        written = getattr(plots, draw)(result, tmp)
+        written.append(write_text_atomic(tmp / f"{name}.md",
+                                         getattr(plots, summary)(result) + "\n"))
     return [Path(out_dir) / p.relative_to(tmp) for p in written]
+
+
+def simulate_figures(out_dir, data_dir) -> list[Path]:
+    return saved_figures("simulate", out_dir, data_dir)
+
+
+def speculative_figures(out_dir, data_dir) -> list[Path]:
+    return saved_figures("speculative", out_dir, data_dir)

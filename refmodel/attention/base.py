@@ -38,6 +38,17 @@ and everything else that is particular to it, so nothing outside its file names 
 - `label(cfg, kind)`: the short name of a config's option set, for legends;
 - `compiler_differences(cfg, kind, phase, batch, context, native_solve)`: FLOPs XLA's cost
   analysis counts that the formulas leave out by design, by reason (default: none).
+
+and how its cache takes back tokens (speculative decoding, `refmodel/speculative.py`):
+
+- `y, cache, snaps = layer.verify(x, start, cache)`: the call, plus whatever the variant must
+  keep per position of the chunk to roll back to any of them (default: nothing, None);
+- `rollback_limit(cfg, kind)`: the longest chunk it can undo (default None: any);
+- `rollback(cfg, kind, before, after, snaps, keep, pos)`: the cache as if only the first
+  `keep` [B] tokens of the chunk had been seen (`pos` [B] = the rows' positions then). The
+  default returns `after` as it is: a cache indexed by position (full attention, MLA's
+  latent, the sparse indexer's keys) masks every key past a query's position, and the next
+  chunk overwrites the rejected positions before any query can see them.
 """
 
 from __future__ import annotations
@@ -84,6 +95,22 @@ class AttentionLayer(nnx.Module):
 
     def __call__(self, x: jax.Array, start: jax.Array, cache):
         raise NotImplementedError
+
+    def verify(self, x: jax.Array, start: jax.Array, cache):
+        """The call, plus the per-position snapshots `rollback` needs (default: None)."""
+        y, cache = self(x, start, cache)
+        return y, cache, None
+
+    @classmethod
+    def rollback_limit(cls, cfg: ModelConfig, kind: str) -> int | None:
+        """The longest chunk `rollback` can undo (None: any)."""
+        return None
+
+    @classmethod
+    def rollback(cls, cfg: ModelConfig, kind: str, before, after, snaps, keep: jax.Array,
+                 pos: jax.Array):
+        """The cache after only the first keep [B] tokens of a chunk (see the module doc)."""
+        return after
 
     @classmethod
     def init_cache(cls, cfg: ModelConfig, kind: str, batch: int, max_len: int):

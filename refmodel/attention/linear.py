@@ -215,6 +215,38 @@ class LinearAttention(AttentionLayer):
                 y = (rms(o, eps) * w * z).reshape(B, T, N * U)
             return y.astype(dtype) @ self.out_proj[...]
 
+    def verify(self, x: jax.Array, start: jax.Array, cache: LinearCache):
+        """The call on a speculative chunk of T tokens, keeping the state after each of them
+        (snapshots, not recomputation: T states of N H U floats cost little for the few tokens
+        of a chunk, while recomputing the kept tokens would cost a second pass of the whole
+        model). The chunk runs token by token (`recurrent`), as decode does, so the
+        snapshots are decode's states exactly. Returns y, the cache after the whole chunk, and
+        a LinearCache of the T snapshots (state [B, T, N, H, U], conv [B, T, Z-1, X])."""
+        B, T, _ = x.shape
+        N, K, H, U, Z, X = sizes(self.cfg)
+        z, xc, ab = self.project(x)
+        xp = jnp.concatenate([cache.conv.astype(xc.dtype), xc], axis=1)  # [B, Z-1+T, X]
+        xc, conv = causal_conv(xc, cache.conv, self.conv_w[...])
+        q, k, v, g, beta = self.features(xc, ab)
+        S0 = cache.state.reshape(B, K, N // K, H, U)
+        o, states = recurrent(self.rule, S0, q, k, v, g, beta, every=True)
+        if self.rule == "mamba2":
+            o = o + self.D[...].astype(jnp.float32).reshape(K, -1, 1) * v
+        y = self.output(o.reshape(B, T, N, U), z, x.dtype)
+        convs = jnp.stack([xp[:, t + 1:t + Z] for t in range(T)], axis=1)  # [B, T, Z-1, X]
+        snaps = LinearCache(state=states.reshape(B, T, N, H, U),
+                            conv=convs.astype(cache.conv.dtype))
+        after = LinearCache(state=states[:, -1].reshape(B, N, H, U),
+                            conv=conv.astype(cache.conv.dtype))
+        return y, after, snaps
+
+    @classmethod
+    def rollback(cls, cfg: ModelConfig, kind: str, before: LinearCache, after: LinearCache,
+                 snaps: LinearCache, keep: jax.Array, pos: jax.Array) -> LinearCache:
+        """The snapshot after each row's last kept token (keep >= 1)."""
+        rows = jnp.arange(keep.shape[0])
+        return LinearCache(state=snaps.state[rows, keep - 1], conv=snaps.conv[rows, keep - 1])
+
     def __call__(self, x: jax.Array, start: jax.Array, cache: LinearCache | None):
         """x [B, T, D] -> y [B, T, D]; `start` is unused: the state is the position. Every
         row's state and conv window are its own, so rows of a batch may sit at different

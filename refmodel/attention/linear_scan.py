@@ -41,8 +41,10 @@ from jax.scipy.linalg import solve_triangular
 RULES = ("mamba2", "gated_delta")
 
 
-def recurrent(rule: str, state, q, k, v, g, beta):
-    """Token by token. Returns o [B, T, K, G, U] and the state after the last token."""
+def recurrent(rule: str, state, q, k, v, g, beta, every: bool = False):
+    """Token by token. Returns o [B, T, K, G, U] and the state after the last token, or with
+    every=True the state after each token [B, T, K, G, H, U] (speculative decoding's
+    snapshots)."""
 
     # q and k are broadcast over the G value heads so that both reads of S contract it in
     # place (batch B K G, contract H): with K alone as batch XLA transposed S for the read
@@ -59,10 +61,14 @@ def recurrent(rule: str, state, q, k, v, g, beta):
         S = a[..., None] * S  # decay: H U per head
         u = beta[..., None] * v  # [B, K, G, U]
         S = S + k[..., None] * u[..., None, :]  # rank-1 write: 2 H U
-        return S, jnp.einsum("BKGH,BKGHU->BKGU", q, S)  # read: 2 H U
+        o = jnp.einsum("BKGH,BKGHU->BKGU", q, S)  # read: 2 H U
+        return S, ((o, S) if every else o)
 
     xs = tuple(jnp.moveaxis(a.astype(jnp.float32), 1, 0) for a in (q, k, v, g, beta))
     state, o = jax.lax.scan(step, state, xs)
+    if every:
+        o, states = o
+        return jnp.moveaxis(o, 0, 1), jnp.moveaxis(states, 0, 1)  # [B, T, K, G, U], [B, T, ...]
     return jnp.moveaxis(o, 0, 1), state  # [B, T, K, G, U], [B, K, G, H, U]
 
 

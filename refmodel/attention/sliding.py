@@ -112,6 +112,21 @@ class SlidingWindowAttention(GroupedQueryAttention):
         return self.output(x, o), cache
 
     @classmethod
+    def rollback_limit(cls, cfg: ModelConfig, kind: str) -> int:
+        return cfg.window  # a longer chunk overwrites its own first tokens
+
+    @classmethod
+    def rollback(cls, cfg: ModelConfig, kind: str, before: RingCache, after: RingCache, snaps,
+                 keep: jax.Array, pos: jax.Array) -> RingCache:
+        """A chunk of T <= W tokens overwrote T slots that held positions the kept tokens still
+        see (position p - W of each): every slot now holding a rejected position (>= pos [B])
+        gets back what it held before the chunk."""
+        rejected = after.pos >= pos[:, None]  # [B, W]
+        back = rejected[:, None, :, None]  # [B, 1, W, 1]
+        return RingCache(k=jnp.where(back, before.k, after.k), v=jnp.where(back, before.v, after.v),
+                         pos=jnp.where(rejected, before.pos, after.pos))
+
+    @classmethod
     def init_cache(cls, cfg: ModelConfig, kind: str, batch: int, max_len: int) -> RingCache:
         """W slots whatever max_len is (max_len is ignored: the ring never fills up)."""
         shape = (batch, kv_heads(cfg, kind), cfg.window, cfg.resolved_head_dim)
