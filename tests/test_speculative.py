@@ -16,6 +16,22 @@ from refmodel.model import init_cache, rollback
 
 TINY = presets.get("tiny")
 OPTION_SETS = attention.option_sets()
+KINDS = attention.registered()
+# Every attention variant, in two hybrid stacks (one compile each, as tests/test_golden.py's
+# "every kind"): one layer of every registered kind with the default options (MLA naive,
+# linear gated DeltaNet), then the other option sets (MLA absorbed, linear Mamba-2). Each
+# layer's cache rolls back through its own variant.
+STACKS = {
+    "every kind": TINY.replace(layer_pattern=KINDS, n_layers=len(KINDS)),
+    "mla absorbed + linear mamba2": TINY.replace(layer_pattern=("mla", "linear"), n_layers=2,
+                                                 mla_absorb=True, linear_rule="mamba2"),
+}
+
+
+def test_the_stacks_hold_every_option_set():
+    held = {attention.label(cfg.replace(layer_pattern=None, attention=kind))
+            for cfg in STACKS.values() for kind in cfg.layer_kinds}
+    assert held == set(OPTION_SETS), set(OPTION_SETS) - held
 
 
 def noisy_copy(model, scale: float, seed: int = 1):
@@ -30,12 +46,12 @@ def noisy_copy(model, scale: float, seed: int = 1):
     return nnx.merge(graphdef, jax.tree.unflatten(treedef, noisy))
 
 
-@pytest.mark.parametrize("label", list(OPTION_SETS))
-def test_greedy_speculative_equals_plain_decode(label):
+@pytest.mark.parametrize("stack", STACKS)
+def test_greedy_speculative_equals_plain_decode(stack):
     """Token for token, for every attention variant, with a drafter whose proposals are
-    partly accepted (so caches are rolled back by 0 to k - 1 tokens) and with prompt lookup;
-    batch 2, so rows accept different counts and sit at different positions."""
-    cfg = dataclasses.replace(TINY, **OPTION_SETS[label])
+    partly accepted (so caches are rolled back by 0 to k - 1 tokens); batch 2, so rows
+    accept different counts and sit at different positions."""
+    cfg = STACKS[stack]
     target = refmodel.init(cfg, seed=0)
     prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 9))
     plain = np.asarray(refmodel.generate(target, prompt, 14))
@@ -75,17 +91,13 @@ def _live(cache, max_len: int, pos: int):
     return jax.tree.map(cut, cache.layers)
 
 
-# One option set per kind of cache and rollback (the greedy test above runs every option set
-# through rollbacks): full KV (GQA's path for MHA and MQA too), MLA's latent, the sparse
-# indexer's keys, the sliding ring, the recurrent state with its conv window.
-ROLLBACK_SETS = ("gqa", "mla absorbed", "sparse", "sliding", "linear")
-
-
-@pytest.mark.parametrize("label", ROLLBACK_SETS)
-def test_rollback_equals_a_run_that_never_saw_the_rejected_tokens(label):
+@pytest.mark.parametrize("stack", STACKS)
+def test_rollback_equals_a_run_that_never_saw_the_rejected_tokens(stack):
     """Verify a chunk of 4 tokens, keep the first 1 and 3 (one row each): every layer's cache
-    equals that of a run fed only the kept tokens, and so does the next decode step."""
-    cfg = dataclasses.replace(TINY, **OPTION_SETS[label])
+    (full KV, MLA's latent, the sparse indexer's keys, the sliding ring, the recurrent state
+    and its conv window) equals that of a run fed only the kept tokens, and so does the next
+    decode step."""
+    cfg = STACKS[stack]
     g, state = nnx.split(refmodel.init(cfg, seed=0))
     rng = np.random.default_rng(2)
     prompt = jnp.asarray(rng.integers(0, 256, (2, 11)), jnp.int32)  # past the window of 8
@@ -134,7 +146,7 @@ def test_rejection_sampling_emits_the_target_distribution():
         jnp.int32)
     logits = jnp.broadcast_to(jnp.log(jnp.asarray(p, jnp.float32)), (B, k + 1, V))
     qs = jnp.broadcast_to(jnp.asarray(q, jnp.float32), (B, k, V))
-    n, out = sp.accept(logits, draft, qs, 1.0, key_a)
+    n, out = jax.jit(sp.accept)(logits, draft, qs, 1.0, key_a)
     n, out = np.asarray(n), np.asarray(out)
     assert _chi2(out[:, 0], p[0]) < CHI2_4DOF_999
     assert _chi2(out[n >= 1, 1], p[1]) < CHI2_4DOF_999
@@ -147,10 +159,11 @@ def test_prompt_lookup_proposes_what_followed_the_last_match():
     hist = jnp.asarray([[1, 2, 3, 9, 8, 1, 2, 3, 0, 0, 0],
                         [4, 5, 6, 7, 1, 2, 3, 4, 0, 0, 0]], jnp.int32)
     length = jnp.asarray([8, 8], jnp.int32)
-    props = np.asarray(sp.lookup(hist, length, 3, max_ngram=3))
+    lookup = jax.jit(sp.lookup, static_argnums=(2, 3))
+    props = np.asarray(lookup(hist, length, 3, 3))
     np.testing.assert_array_equal(props[0], [9, 8, 1])  # after the earlier "1 2 3"
     np.testing.assert_array_equal(props[1], [5, 6, 7])  # "4" matched alone, at position 0
-    none = np.asarray(sp.lookup(jnp.asarray([[1, 2, 3, 0]]), jnp.asarray([3]), 2, 2))
+    none = np.asarray(lookup(jnp.asarray([[1, 2, 3, 0]]), jnp.asarray([3]), 2, 2))
     np.testing.assert_array_equal(none[0], [3, 3])  # no match: the last token repeated
 
 
