@@ -12,8 +12,8 @@ import pytest
 from refmodel import training
 from refmodel.training import checkpoint, data
 
-MICRO = dataclasses.replace(training.recipes.get("micro"), steps=24, eval_every=12,
-                            checkpoint_every=12)
+MICRO = dataclasses.replace(training.recipes.get("micro"), steps=16, eval_every=8,
+                            checkpoint_every=8)
 
 
 def test_corpus_is_the_standard_library_split_by_file():
@@ -41,16 +41,16 @@ def test_batches_depend_only_on_seed_and_step():
 
 def test_loss_falls_and_a_stopped_run_resumes_onto_the_same_curve(tmp_path):
     """A micro model: validation bits per byte fall from the uniform 8.0; a run stopped at
-    step 12 and resumed from its checkpoint ends with the very parameters and losses of a
+    step 8 and resumed from its checkpoint ends with the very parameters and losses of a
     run that went straight through."""
     straight = training.train(MICRO, root=tmp_path / "a", progress=False)
     vals = [h["val_bpb"] for h in straight.history if "val_bpb" in h]
     assert len(vals) == 2 and vals[-1] < vals[0] < math.log2(data.VOCAB)
     assert straight.history[0]["loss_bpb"] > straight.history[-1]["loss_bpb"]
-    first = training.train(MICRO, root=tmp_path / "b", stop_at=12, progress=False)
-    assert first.step == 12 and first.path.exists()
+    first = training.train(MICRO, root=tmp_path / "b", stop_at=8, progress=False)
+    assert first.step == 8 and first.path.exists()
     resumed = training.train(MICRO, root=tmp_path / "b", progress=False)
-    assert resumed.step == 24
+    assert resumed.step == 16
     for a, b in zip(jax.tree.leaves(straight.model), jax.tree.leaves(resumed.model),
                     strict=True):
         np.testing.assert_array_equal(a, b)
