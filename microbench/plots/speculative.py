@@ -345,7 +345,7 @@ def speculative_figure(result: dict):
     _batch_panel(axes[1, 1], result)
     su = result.get("setup") or {}
     fig.suptitle(f"Speculative decoding on {machine_name(result.get('environment'))}: "
-                 f"{best_claim(result)}\n{models_line(result)}; greedy, batch 1, "
+                 f"{best_claim(result)}\n{models_line(result)}\ngreedy, batch 1, "
                  f"{su.get('prompts', '?')} prompt(s) x {su.get('prompt_len', '?')} tokens, "
                  f"{su.get('new_tokens', '?')} new tokens, {su.get('rounds', '?')} round(s)",
                  fontsize=14)
