@@ -56,6 +56,9 @@ COMMANDS: list[Command] = [
     Command("speculative", "speculative decoding on the trained pair: acceptance vs k, "
             "measured vs predicted speedup, the verify step on the roofline",
             "microbench.commands.speculative"),
+    Command("quant", "quantized weights and KV cache: which product formulation is fast, "
+            "decode and prefill per precision vs counted bytes, bits per byte per format",
+            "microbench.commands.quant"),
 ]
 
 

@@ -24,6 +24,8 @@ NORMS = ("rmsnorm", "layernorm")
 POSITIONS = ("rope", "learned", "none")
 ROUTER_SCORES = ("softmax", "sigmoid")
 DTYPES = ("float32", "bfloat16", "float16")
+WEIGHT_FORMATS = ("none", "int8", "float8", "int4")  # refmodel/quant.py
+KV_FORMATS = ("none", "int8", "float8")
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,11 @@ class ModelConfig:
     linear_chunk: int = 8  # chunk length of the parallel (prefill) form
 
     dtype: str = "float32"  # parameters and caches
+    # Quantization (refmodel/quant.py): the weight matrices' format ("none": `dtype`), the
+    # token caches' format, and int8 activations in the products (int8 weights only).
+    weight_format: str = "none"
+    kv_format: str = "none"
+    quant_activations: bool = False
 
     def __post_init__(self):
         from refmodel import attention  # late import: the variants import this module
@@ -143,6 +150,11 @@ class ModelConfig:
         one_of("position", self.position, POSITIONS)
         one_of("router_score", self.router_score, ROUTER_SCORES)
         one_of("dtype", self.dtype, DTYPES)
+        one_of("weight_format", self.weight_format, WEIGHT_FORMATS)
+        one_of("kv_format", self.kv_format, KV_FORMATS)
+        if self.quant_activations and self.weight_format != "int8":
+            raise ValueError(f"quant_activations=True needs weight_format='int8', not "
+                             f"{self.weight_format!r}: the int8 x int8 -> int32 product")
         self._check_patterns()
         non_negative("first_dense_layers", self.first_dense_layers)
         if not 0 <= self.first_dense_layers <= self.n_layers:

@@ -118,14 +118,18 @@ def embed_costs(cfg: ModelConfig, tokens: float, dt: Dtypes) -> Cost:
     one learned-position row, added: 1 FLOP per element), writes x [tokens, D]."""
     D = cfg.d_model
     rows = 2 if cfg.position == "learned" else 1
-    return Cost(flops=(rows - 1) * tokens * D, weight_bytes=rows * tokens * D * dt.weight_size,
+    return Cost(flops=(rows - 1) * tokens * D, weight_bytes=rows * tokens * D * dt.param_size,
                 act_bytes=tokens * (D * dt.act_size + TOKEN_ID_BYTES))
 
 
 def head_costs(cfg: ModelConfig, tokens: float, dt: Dtypes) -> Cost:
     """`model.head` after the final norm: x [tokens, D] @ [D, V] (the tied embedding or the
     LM head) and, for Gemma 2, the soft-capping of the logits."""
-    cost = matmul(tokens, cfg.d_model, cfg.vocab_size, dt)
+    if cfg.tie_embeddings:  # the embedding table: never quantized
+        cost = matmul(tokens, cfg.d_model, cfg.vocab_size, dt, weight=False) + Cost(
+            weight_bytes=cfg.d_model * cfg.vocab_size * dt.param_size)
+    else:
+        cost = matmul(tokens, cfg.d_model, cfg.vocab_size, dt)
     if cfg.final_softcap is not None:
         cost = cost + Cost(flops=SOFTCAP_FLOPS * tokens * cfg.vocab_size)
     return cost
@@ -176,9 +180,14 @@ def phase_ops(cfg: ModelConfig, phase: str, batch: int, context: int,
 
 def dtypes(cfg: ModelConfig, weight_dtype: str | None = None, kv_dtype: str | None = None,
            act_dtype: str | None = None) -> Dtypes:
-    """The storage dtypes to count bytes in; None means the config's own `dtype`."""
-    return Dtypes(weight=_check_dtype("weight_dtype", weight_dtype or cfg.dtype),
-                  kv=_check_dtype("kv_dtype", kv_dtype or cfg.dtype),
+    """The storage formats to count bytes in; None means the config's: its `weight_format`
+    and `kv_format` where quantized, else its `dtype`. Vectors and the embedding: the config's
+    `dtype`, or a float `weight_dtype` if one is given (float32 beside a quantized one)."""
+    own_weight = cfg.dtype if cfg.weight_format == "none" else cfg.weight_format
+    own_kv = cfg.dtype if cfg.kv_format == "none" else cfg.kv_format
+    return Dtypes(weight=_check_dtype("weight_dtype", weight_dtype or own_weight),
+                  kv=_check_dtype("kv_dtype", kv_dtype or own_kv),
+                  param=cfg.dtype if weight_dtype is None else None,
                   act=_check_dtype("act_dtype", act_dtype or cfg.dtype))
 
 

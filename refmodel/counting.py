@@ -18,36 +18,80 @@ import dataclasses
 from dataclasses import dataclass
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1, "int8": 1, "int4": 0.5}
+FLOATS = ("float32", "bfloat16", "float16")  # stored as they are, no scales
+
+# Quantized formats carry float32 scales (refmodel/quant.py makes exactly these arrays):
+# weights one scale per output channel (int8, float8) or per QUANT_GROUP inputs of each output
+# channel (int4); a KV cache one scale per cached vector (a head's key, a latent row).
+SCALE_BYTES = 4
+QUANT_GROUP = {"int8": None, "float8": None, "int4": 32}
 
 
 @dataclass(frozen=True)
 class Dtypes:
-    """Storage dtypes the bytes are counted in: weights, KV cache, activations."""
+    """Storage formats the bytes are counted in.
+
+    `weight`: the weight matrices (every product with a weight; quantized ones carry their
+    scales, `matrix_bytes`); `kv`: the cache (`kv_bytes`); `act`: activations; `param`: the
+    vectors (norms, biases, sinks) and the embedding table, never quantized: None means
+    `weight` when that is a float format, else float32.
+    """
 
     weight: str = "float32"
     kv: str = "float32"
     act: str = "float32"
+    param: str | None = None
 
     def __post_init__(self):
         for field in ("weight", "kv", "act"):
             value = getattr(self, field)
             if value not in BYTES:
                 raise ValueError(f"{field} dtype {value!r} is not one of {sorted(BYTES)}")
+        if self.param is not None and self.param not in FLOATS:
+            raise ValueError(f"param dtype {self.param!r} is not one of {list(FLOATS)}")
 
     @property
     def weight_size(self) -> float:
-        """Bytes per weight element."""
+        """Bytes per weight-matrix element, scales left out (see `matrix_bytes`)."""
         return BYTES[self.weight]
 
     @property
+    def param_size(self) -> float:
+        """Bytes per element of a vector parameter or of the embedding table."""
+        if self.param is not None:
+            return BYTES[self.param]
+        return BYTES[self.weight] if self.weight in FLOATS else BYTES["float32"]
+
+    @property
     def kv_size(self) -> float:
-        """Bytes per cached (KV or state) element."""
+        """Bytes per cached (KV or state) element, scales left out (see `kv_bytes`)."""
         return BYTES[self.kv]
 
     @property
     def act_size(self) -> float:
         """Bytes per activation element."""
         return BYTES[self.act]
+
+    def matrix_bytes(self, k: float, n: float) -> float:
+        """Bytes of one [k, n] weight matrix (k inputs, n outputs) with its scales; a grouped
+        format stores each channel's inputs padded to whole groups."""
+        group = QUANT_GROUP.get(self.weight)
+        stored = -(-k // group) * group if group else k
+        return stored * n * BYTES[self.weight] + n * scales_per_row(self.weight, k) * SCALE_BYTES
+
+    def kv_bytes(self, elements: float, vector: int) -> float:
+        """Bytes of `elements` cached numbers stored in vectors of `vector` (a head's key, a
+        latent row): one scale per vector when the cache is quantized."""
+        scales = elements / vector if self.kv not in FLOATS else 0.0
+        return elements * BYTES[self.kv] + scales * SCALE_BYTES
+
+
+def scales_per_row(fmt: str, k: float) -> float:
+    """Scales one output channel of k inputs carries in `fmt` (0 for a float format)."""
+    if fmt in FLOATS:
+        return 0
+    group = QUANT_GROUP[fmt]
+    return 1 if group is None else -(-k // group)
 
 
 @dataclass(frozen=True)
@@ -83,10 +127,11 @@ class Cost:
 
 
 def matmul(m: float, k: float, n: float, dt: Dtypes, *, weight: bool = True) -> Cost:
-    """[m, k] activations times a [k, n] weight: 2mkn FLOPs, reads the weight once."""
+    """[m, k] activations times a [k, n] weight: 2mkn FLOPs, reads the weight (and its
+    scales, if quantized) once."""
     return Cost(
         flops=2.0 * m * k * n,
-        weight_bytes=k * n * dt.weight_size if weight else 0.0,
+        weight_bytes=dt.matrix_bytes(k, n) if weight else 0.0,
         act_bytes=(m * k + m * n) * dt.act_size,
     )
 

@@ -74,6 +74,9 @@ def activation(name: str, x: jax.Array) -> jax.Array:
 class DenseFFN(nnx.Module):
     """x -> W_down act(x W_gate) * (x W_up), or W_down act(x W_up) when not gated."""
 
+    # The matrices refmodel.quant may quantize: {name: (stacked axes, input axes)}.
+    MATRICES = {"w_gate": (0, 1), "w_up": (0, 1), "w_down": (0, 1)}
+
     def __init__(self, cfg: ModelConfig, width: int, *, rngs: nnx.Rngs):
         dtype, D = jnp.dtype(cfg.dtype), cfg.d_model
         self.act = cfg.mlp_act
@@ -124,10 +127,10 @@ class DenseFFN(nnx.Module):
         up = matmul(tokens, D, n_in * width, dt)
         up = up + Cost(flops=act_flops(cfg.mlp_act) * tokens * width)
         if cfg.mlp_bias:
-            up = up + Cost(flops=tokens * width, weight_bytes=width * dt.weight_size)
+            up = up + Cost(flops=tokens * width, weight_bytes=width * dt.param_size)
         down = matmul(tokens, width, D, dt)
         if cfg.mlp_bias:
-            down = down + Cost(flops=tokens * D, weight_bytes=D * dt.weight_size)
+            down = down + Cost(flops=tokens * D, weight_bytes=D * dt.param_size)
         return {"ffn_up": up, "ffn_down": down}
 
 
@@ -144,5 +147,5 @@ NORM_FLOPS = {"rmsnorm": 4, "layernorm": 5}
 def norm_costs(cfg: ModelConfig, dim: int, tokens: float, dt: Dtypes) -> Cost:
     """One norm over `dim` channels of `tokens` rows: reads its weights, reads and writes x."""
     return Cost(flops=NORM_FLOPS[cfg.norm] * tokens * dim,
-                weight_bytes=norm_params(cfg, dim) * dt.weight_size,
+                weight_bytes=norm_params(cfg, dim) * dt.param_size,
                 act_bytes=2.0 * tokens * dim * dt.act_size)

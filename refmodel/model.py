@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from refmodel import attention
+from refmodel import attention, quant
 from refmodel.config import ModelConfig
 from refmodel.layers import DenseFFN, norm, param, soft_cap
 from refmodel.moe import MoE
@@ -78,6 +78,8 @@ class Block(nnx.Module):
 
 
 class Transformer(nnx.Module):
+    MATRICES = {"lm_head": (0, 1)}  # the embedding table stays float (a gather, not a product)
+
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         V, D, dtype = cfg.vocab_size, cfg.d_model, jnp.dtype(cfg.dtype)
         self.cfg = cfg
@@ -89,6 +91,8 @@ class Transformer(nnx.Module):
         self.final_norm = norm(cfg, D, rngs)
         if not cfg.tie_embeddings:
             self.lm_head = param(rngs, (D, V), D, dtype)  # [D, V]
+        if cfg.weight_format != "none":  # drawn in float, then quantized (refmodel/quant.py)
+            quant.quantize_weights(self, cfg.weight_format, cfg.quant_activations)
 
     def embed_tokens(self, tokens: jax.Array, start: jax.Array) -> jax.Array:
         """tokens int32 [B, T] from position start (int32 scalar or [B]) -> x [B, T, D]."""

@@ -51,12 +51,15 @@ class MoE(nnx.Module):
     depends on the routing, and reverse mode cannot differentiate a loop of dynamic length.
     """
 
+    # Stacked [E, in, out]: one leading axis of experts (refmodel.quant).
+    MATRICES = {"w_gate": (1, 1), "w_up": (1, 1), "w_down": (1, 1)}
+
     dense_dispatch: bool = False
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         D, E, F = cfg.d_model, cfg.n_experts, cfg.expert_width
         dtype = jnp.dtype(cfg.dtype)
-        self.cfg = cfg
+        self.cfg = cfg  # MATRICES (class attribute below): the experts, not the router
         self.w_router = param(rngs, (D, E), D, dtype)  # [D, E]
         if cfg.router_bias:
             self.b_router = zeros((E,), dtype)
@@ -194,22 +197,23 @@ class MoE(nnx.Module):
         n_in = 2 if cfg.mlp_act in GATED else 1
         touched = expected_distinct_experts(tokens, E, A)
         pairs = tokens * A
-        router = matmul(tokens, D, E, dt) + Cost(
+        # The router's [D, E] stays in the parameter dtype when the experts are quantized.
+        router = matmul(tokens, D, E, dt, weight=False) + Cost(
             flops=(SCORE_FLOPS[cfg.router_score] + cfg.router_bias) * tokens * E
             + (TOPK_NORM_FLOPS * pairs if cfg.norm_topk else 0),
-            weight_bytes=(E * dt.weight_size if cfg.router_bias else 0))
+            weight_bytes=(D * E + (E if cfg.router_bias else 0)) * dt.param_size)
         # Sort the pairs by expert (XLA counts a compare per element per merge level) and count
         # them per expert (one add each); gather each pair's token row.
         sort = pairs * max(1.0, math.ceil(math.log2(max(pairs, 1.0)))) + pairs
         dispatch = Cost(flops=sort, act_bytes=2.0 * pairs * D * dt.act_size)
         up = matmul(pairs, D, n_in * F, dt, weight=False) + Cost(
             flops=act_flops(cfg.mlp_act) * pairs * F,
-            weight_bytes=touched * n_in * D * F * dt.weight_size)
+            weight_bytes=touched * n_in * dt.matrix_bytes(D, F))
         down = matmul(pairs, F, D, dt, weight=False) + Cost(
-            weight_bytes=touched * F * D * dt.weight_size)
+            weight_bytes=touched * dt.matrix_bytes(F, D))
         if cfg.moe_bias:
-            up = up + Cost(flops=n_in * pairs * F, weight_bytes=touched * n_in * F * dt.weight_size)
-            down = down + Cost(flops=pairs * D, weight_bytes=touched * D * dt.weight_size)
+            up = up + Cost(flops=n_in * pairs * F, weight_bytes=touched * n_in * F * dt.param_size)
+            down = down + Cost(flops=pairs * D, weight_bytes=touched * D * dt.param_size)
         # Weight each pair's output and scatter-add it to its token: 2 FLOPs per element.
         combine = Cost(flops=2.0 * pairs * D, act_bytes=(pairs + tokens) * D * dt.act_size)
         ops = {"router": router, "dispatch": dispatch, "ffn_up": up, "ffn_down": down,
@@ -218,8 +222,9 @@ class MoE(nnx.Module):
             shared = DenseFFN.costs(cfg, cfg.n_shared_experts * F, tokens, dt)
             ops["shared_experts"] = shared["ffn_up"] + shared["ffn_down"]
             if cfg.shared_expert_gate:  # x @ [D, 1], a sigmoid per token, a product per element
-                ops["shared_experts"] += matmul(tokens, D, 1, dt) + Cost(
-                    flops=SCORE_FLOPS["sigmoid"] * tokens + tokens * D)
+                ops["shared_experts"] += matmul(tokens, D, 1, dt, weight=False) + Cost(
+                    flops=SCORE_FLOPS["sigmoid"] * tokens + tokens * D,
+                    weight_bytes=D * dt.param_size)
         return ops
 
 

@@ -21,7 +21,9 @@ def test_kv_bytes_per_token_match_deepseek_hardware_paper():
     61 x (512 + 64) x 2) and LLaMA-3.1-405B 516.096 KB (126 x 2 x 8 x 128 x 2)."""
     assert costs.kv_bytes_per_token(presets.get("deepseek-v3")) == 70_272
     assert costs.kv_bytes_per_token(presets.get("llama3.1-405b")) == 516_096
-    assert costs.kv_bytes_per_token(presets.get("llama3.1-405b"), "int8") == 516_096 / 2
+    # int8: half the bytes, plus one float32 scale per cached head vector (2 x 8 per layer)
+    assert costs.kv_bytes_per_token(presets.get("llama3.1-405b"), "int8") == \
+        516_096 / 2 + 126 * 2 * 8 * 4
 
 
 def test_cache_bytes_cap_windows_and_fix_recurrent_state():

@@ -1,14 +1,14 @@
 """The golden test: one full causal forward == prefill in chunks + token-by-token decode.
 
 It runs over every option set every registered attention variant declares (so a new variant
-file is covered the moment it registers: `refmodel.attention.option_sets`), and over hybrid
-layer patterns whose "every kind" stack holds one layer of every registered kind. Each option
-set prefills in three chunks (shorter than the window; longer than it, on a cache that holds
+file is covered the moment it registers: `refmodel.attention.option_sets`), held by two hybrid
+stacks: "every kind" (one layer of every registered kind, each in its default options) and
+"mla absorbed + linear mamba2" (the other option sets), one compile per chunk shape each. Each
+stack prefills in three chunks (shorter than the window; longer than it, on a cache that holds
 tokens; longer again, into a ring that has wrapped), then decodes the rest across another
-wrap-around: the sequence is 3x the tiny window + 2. mha and mqa are the gqa layer with
-K = N and K = 1 kv heads: they run in the "every kind" stack (and mha in "gpt2-like"), with
-their equality to gqa at those K in tests/test_model.py, rather than as option sets alone.
-An option of a variant that no option set switches on rides along on one (`ALSO`).
+wrap-around: the sequence is 3x the tiny window + 2. An option of a variant that no option set
+switches on rides along on one (`ALSO`). A sliding-only model, whose cache has no max_len, is
+tested past any max_len in tests/test_attn_sliding.py.
 
 The MoE FFN sees one token at a time whatever the mixer, so it runs under the configs that
 exercise its options (every router option, shared experts, biases, after a dense first layer;
@@ -27,23 +27,27 @@ KINDS = refmodel.attention.registered()
 W = tiny().window
 LENGTH = 3 * W + 2  # past a sliding window's wrap-around
 CHUNKS = [3, W + 3, W + 1]  # then decode 3 tokens, across the ring's wrap at 3W
-# Option sets run elsewhere on the same code path (see the docstring).
-SAME_PATH = {"mha": "gqa with K = N", "mqa": "gqa with K = 1"}
 # Options that ride along on an option set: the compressed query of MLA on the absorbed form
 # (the naive form runs without it; the layer runs both forms both ways in test_attn_mla.py).
 ALSO = {"mla absorbed": {"q_lora_rank": 16}}
-OPTION_SETS = {label: {**changes, **ALSO.get(label, {})}
-               for label, changes in refmodel.attention.option_sets().items()
-               if label not in SAME_PATH}
+OPTION_SETS = refmodel.attention.option_sets()
+STACKS = {
+    "every kind": tiny(layer_pattern=KINDS, n_layers=len(KINDS)),
+    "mla absorbed + linear mamba2": tiny(layer_pattern=("mla", "linear"), n_layers=2,
+                                         mla_absorb=True, linear_rule="mamba2",
+                                         **ALSO["mla absorbed"]),
+}
 
 
-@pytest.mark.parametrize("variant", OPTION_SETS)
-def test_chunked_prefill_then_decode_equals_forward(variant):
-    cfg = tiny(**OPTION_SETS[variant])
-    # max_len binds no sliding layer: a model of only those runs 3W + 2 tokens in a cache made
-    # for 4 (its cache has no max_len; tests/test_attn_sliding.py)
-    only_sliding = set(cfg.layer_kinds) == {"sliding"}
-    assert_golden(cfg, 2, LENGTH, CHUNKS, max_len=4 if only_sliding else None)
+def test_the_stacks_hold_every_option_set():
+    held = {refmodel.attention.label(cfg.replace(layer_pattern=None, attention=kind))
+            for cfg in STACKS.values() for kind in cfg.layer_kinds}
+    assert held == set(OPTION_SETS), set(OPTION_SETS) - held
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_chunked_prefill_then_decode_equals_forward(stack):
+    assert_golden(STACKS[stack], 2, LENGTH, CHUNKS)
 
 
 # Configs that switch on shared options (one prefill chunk, then decode). Every option of the
@@ -71,14 +75,13 @@ def test_forward_equals_prefill_then_decode(variant):
 
 
 # gpt-oss's alternating sliding / full layers (with sinks and biases) are in test_attn_sliding.
-# Qwen3-Next's gated-delta linear + full layers: "every kind" holds both, and the Nemotron-H-like
-# pattern runs the same linear + full hybrid with the mamba2 rule.
+# Qwen3-Next's gated-delta linear + full layers: the "every kind" stack above holds both, and the
+# Nemotron-H-like pattern runs the same linear + full hybrid with the mamba2 rule.
 # Gemma's 2 local : 1 global tiling is a sliding + gqa mix, which "every kind" holds (the
 # tiling itself is config logic, tests/test_config.py).
 PATTERNS = {
     "nemotron-h-like mixer-only and ffn-only": (("linear", "none", "gqa"), "moe",
                                                 {"linear_rule": "mamba2"}),
-    "every kind": (KINDS, "dense", {}),
 }
 
 
@@ -88,7 +91,6 @@ def test_hybrid_layer_patterns(name):
     cfg = tiny(layer_pattern=pattern, n_layers=len(pattern), ffn=ffn,
                ffn_pattern=(ffn, "none") if "none" in pattern else None, **changes)
     assert cfg.layer_kinds == pattern
-    # two chunks (the second on a cache that holds tokens) for one hybrid; one chunk for the
-    # others, whose compiles (7 layers; linear + MoE) are the slowest of the file (chunking of
-    # every option set alone is tested above)
-    assert_golden(cfg, 1, LENGTH, [4, 9] if name.startswith("gemma") else [9], seed=3)
+    # one chunk: the compile of linear + MoE is the slowest of the file (every option set is
+    # chunked three ways in the stacks above)
+    assert_golden(cfg, 1, LENGTH, [9], seed=3)

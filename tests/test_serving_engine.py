@@ -2,7 +2,7 @@
 
 Golden: every request's greedy output from the engine equals `refmodel.generate` on its prompt
 alone, for one option set of every registered attention variant (a new variant file is picked
-up from the registry), a hybrid (ring slots and pages in one pool) and an MoE FFN, in a run
+up from the registry) in two hybrid stacks, one with an MoE FFN, in a run
 built to force prefix hits, chunked prefill, eviction and preemption - and the test checks that
 each of them happened. Prompts have one length so the oracle is one batched `generate`.
 """
@@ -38,15 +38,19 @@ def _one_kind_per_variant() -> list[str]:
     return kinds
 
 
-# Each variant alone, except those a composite case runs: the hybrid puts a sliding ring slot
-# and gqa pages in one pool; "gqa moe" runs the gqa class (MHA/GQA/MQA) with a MoE FFN that
+def _has_state(kind: str) -> bool:
+    return Layout.of(tiny(attention=kind), PAGE).has_state
+
+
+# Two stacks hold one kind of every variant (a newly registered one joins its stack), each one
+# compile: the paged kinds in one model (ring slots and pages in one pool) with a MoE FFN that
 # sees padding rows and padded prefill tokens beside the real ones (its routing must not mix
-# them). A newly registered variant gets its own case.
-COMPOSITE = {"hybrid sliding+gqa": {"attention": "gqa", "layer_pattern": ("sliding", "gqa")},
-             "gqa moe": {"attention": "gqa", "ffn": "moe"}}
-_COVERED = {refmodel.attention.get(k) for k in ("sliding", "gqa")}
-CASES = {kind: {"attention": kind} for kind in _one_kind_per_variant()
-         if refmodel.attention.get(kind) not in _COVERED} | COMPOSITE
+# them); and the kinds with a recurrent state (a state at the end of a prefix is not cached, so
+# the stack of paged kinds is the one that exercises the prefix cache).
+_PAGED = tuple(k for k in _one_kind_per_variant() if not _has_state(k))
+_STATEFUL = tuple(k for k in _one_kind_per_variant() if _has_state(k))
+CASES = {"paged kinds, moe": {"layer_pattern": _PAGED, "n_layers": len(_PAGED), "ffn": "moe"},
+         "stateful kinds": {"layer_pattern": _STATEFUL, "n_layers": len(_STATEFUL)}}
 
 
 def requests(cfg, n: int = 8, seed: int = 0) -> list[Request]:

@@ -8,7 +8,7 @@ from pathlib import Path
 def add_args(p) -> None:
     p.add_argument("--data", default="figures/data",
                    help="folder with peaks.json, phases.json (and serve.json, simulate.json, "
-                        "speculative.json when present)")
+                        "speculative.json, quant.json when present)")
     p.add_argument("--out", default="figures", help="output folder")
 
 
@@ -27,7 +27,8 @@ def run(args) -> int:
 # redrawn when data_dir holds its JSON (the command that measured it writes both)
 SAVED = {"simulate": ("microbench.plots.simulate", "draw_simulate", "simulate_summary"),
          "speculative": ("microbench.plots.speculative", "draw_speculative",
-                         "speculative_summary")}
+                         "speculative_summary"),
+         "quant": ("microbench.plots.quant", "draw_quant", "quant_summary")}
 
 
 def saved_figures(name: str, out_dir, data_dir) -> list[Path]:

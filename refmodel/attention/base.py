@@ -59,7 +59,14 @@ import jax
 from flax import nnx
 
 from refmodel.config import ModelConfig
-from refmodel.counting import Cost, Dtypes
+from refmodel.counting import BYTES, FLOATS, Cost, Dtypes
+
+
+def float_cache_size(cfg: ModelConfig, dt: Dtypes) -> float:
+    """Bytes per element of a cache kept in a float whatever cfg.kv_format (the linear
+    layer's conv window, the sparse indexer's keys): the kv dtype counted in if it is a
+    float, else (a quantized format, which such a cache does not take) cfg.dtype."""
+    return dt.kv_size if dt.kv in FLOATS else BYTES[cfg.dtype]
 
 
 class AttentionLayer(nnx.Module):

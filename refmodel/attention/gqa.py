@@ -31,6 +31,7 @@ from refmodel.attention.common import (
 from refmodel.config import ModelConfig
 from refmodel.counting import Cost, Dtypes, matmul
 from refmodel.layers import NORM_FLOPS, SIGMOID_FLOPS, SOFTCAP_FLOPS, param, zeros
+from refmodel.quant import cache_read, cache_zeros
 
 # Per-head RMSNorm on q and k (Qwen3, Gemma 3), per element.
 QK_NORM_FLOPS = NORM_FLOPS["rmsnorm"]
@@ -45,6 +46,9 @@ def kv_heads(cfg: ModelConfig, kind: str) -> int:
 
 @struct.dataclass
 class KVCache:
+    """Keys and values, float or (cfg.kv_format) a `QuantCache` with one scale per head's
+    key or value vector: q [B, K, S, H], scale [B, K, S]."""
+
     k: jax.Array  # [B, K, S, H]
     v: jax.Array  # [B, K, S, H]
 
@@ -54,6 +58,7 @@ class GroupedQueryAttention(AttentionLayer):
     """Softmax attention with K key/value heads shared by groups of G query heads."""
 
     MEASURE = {"mha": ("context",), "gqa": ("context", "quick", "quick context")}
+    MATRICES = {"wq": (0, 1), "wk": (0, 1), "wv": (0, 1), "wo": (0, 1), "wg": (0, 1)}
 
     def __init__(self, cfg: ModelConfig, *, kind: str, rngs: nnx.Rngs):
         D, N, H, K = cfg.d_model, cfg.n_heads, cfg.resolved_head_dim, kv_heads(cfg, kind)
@@ -125,7 +130,7 @@ class GroupedQueryAttention(AttentionLayer):
         with jax.named_scope("kv_write"):  # each row's keys at its own start if start is [B]
             cache = KVCache(k=write_at(cache.k, k, start, 2), v=write_at(cache.v, v, start, 2))
         k_pos = jnp.arange(cache.k.shape[2], dtype=jnp.int32)  # [S]
-        o = self.core(q, cache.k.astype(q.dtype), cache.v.astype(q.dtype),
+        o = self.core(q, cache_read(cache.k, q.dtype), cache_read(cache.v, q.dtype),
                       causal_mask(positions, k_pos))  # mask [T, S] or [B, T, S]
         return self.output(x, o), cache
 
@@ -133,7 +138,8 @@ class GroupedQueryAttention(AttentionLayer):
     def init_cache(cls, cfg: ModelConfig, kind: str, batch: int, max_len: int) -> KVCache:
         shape = (batch, kv_heads(cfg, kind), max_len, cfg.resolved_head_dim)
         dtype = jnp.dtype(cfg.dtype)
-        return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+        return KVCache(k=cache_zeros(shape, dtype, cfg.kv_format),
+                       v=cache_zeros(shape, dtype, cfg.kv_format))
 
     # Costs ------------------------------------------------------------------------------------
 
@@ -154,7 +160,8 @@ class GroupedQueryAttention(AttentionLayer):
     @classmethod
     def cache_bytes(cls, cfg: ModelConfig, kind: str, batch: int, context: int,
                     dt: Dtypes) -> float:
-        return 2.0 * batch * context * kv_heads(cfg, kind) * cfg.resolved_head_dim * dt.kv_size
+        H = cfg.resolved_head_dim
+        return dt.kv_bytes(2.0 * batch * context * kv_heads(cfg, kind) * H, H)
 
     @classmethod
     def costs(cls, cfg: ModelConfig, kind: str, batch: int, new: int, context: int,
@@ -169,25 +176,26 @@ def gqa_costs(cfg: ModelConfig, K: int, batch: int, new: int, keys: int,
     BT = batch * new  # query tokens
     qkv = matmul(BT, D, (N + 2 * K) * H, dt)
     if cfg.attn_bias:
-        qkv = qkv + Cost(flops=BT * (N + 2 * K) * H, weight_bytes=(N + 2 * K) * H * dt.weight_size)
+        qkv = qkv + Cost(flops=BT * (N + 2 * K) * H, weight_bytes=(N + 2 * K) * H * dt.param_size)
     rope_cost = Cost(flops=ROPE_FLOPS * BT * (N + K) * cfg.rotary_dim) if cfg.position == "rope" \
         else Cost()
-    qk_norm = Cost(flops=QK_NORM_FLOPS * BT * (N + K) * H, weight_bytes=2 * H * dt.weight_size) \
+    qk_norm = Cost(flops=QK_NORM_FLOPS * BT * (N + K) * H, weight_bytes=2 * H * dt.param_size) \
         if cfg.qk_norm else Cost()
-    scores = Cost(flops=2.0 * BT * N * keys * H, kv_bytes=batch * keys * K * H * dt.kv_size)
+    # Cache bytes by `Dtypes.kv_bytes`: a quantized cache also moves one scale per H-vector.
+    scores = Cost(flops=2.0 * BT * N * keys * H, kv_bytes=dt.kv_bytes(batch * keys * K * H, H))
     if cfg.attn_softcap is not None:
         scores = scores + Cost(flops=SOFTCAP_FLOPS * BT * N * keys)
     softmax = Cost(flops=ATTN_SOFTMAX_FLOPS * BT * N * keys + (SINK_FLOPS * BT * N if cfg.attn_sinks
                                                          else 0))
     if cfg.attn_sinks:
-        softmax = softmax + Cost(weight_bytes=N * dt.weight_size)
-    values = Cost(flops=2.0 * BT * N * keys * H, kv_bytes=batch * keys * K * H * dt.kv_size)
-    write = Cost(kv_bytes=2.0 * BT * K * H * dt.kv_size)
+        softmax = softmax + Cost(weight_bytes=N * dt.param_size)
+    values = Cost(flops=2.0 * BT * N * keys * H, kv_bytes=dt.kv_bytes(batch * keys * K * H, H))
+    write = Cost(kv_bytes=dt.kv_bytes(2.0 * BT * K * H, H))
     out = matmul(BT, N * H, D, dt)
     if cfg.attn_out_gate:
         out = out + matmul(BT, D, N * H, dt) + Cost(flops=GATE_FLOPS * BT * N * H)
     if cfg.attn_bias:
-        out = out + Cost(flops=BT * D, weight_bytes=D * dt.weight_size)
+        out = out + Cost(flops=BT * D, weight_bytes=D * dt.param_size)
     return {"qkv_proj": qkv, "qk_norm": qk_norm, "rope": rope_cost, "kv_write": write,
             "attn_scores": scores, "attn_softmax": softmax, "attn_values": values,
             "out_proj": out}

@@ -13,6 +13,10 @@ the same bytes and does the same FLOPs whatever the context: O(1) per token wher
 attention is O(S). Prefill pays chunk-wide quadratic attention inside each chunk plus one state
 hand-over per chunk; it too is linear in T.
 
+`cfg.kv_format` (int8 / float8 token caches) does not apply here: the state is no cache of
+tokens but a running sum every token rescales, and the conv window is a few inputs, so both
+stay float and are counted so (`float_cache_size`) whatever kv format the costs are asked for.
+
 Letters (beside the alphabet): N value heads (Mamba-2's SSM heads), K key heads (Mamba-2's
 groups of its B and C projections, which are not batch and chunks), G = N / K, H key dim
 (Mamba-2's state size), U value dim (Mamba-2's head dim), X = 2 K H + N U conv channels, Z conv
@@ -33,7 +37,7 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from refmodel.attention import register
-from refmodel.attention.base import AttentionLayer
+from refmodel.attention.base import AttentionLayer, float_cache_size
 from refmodel.attention.linear_scan import RULES, chunked, recurrent
 from refmodel.config import ModelConfig, one_of, positive
 from refmodel.counting import Cost, Dtypes, matmul
@@ -97,6 +101,8 @@ class LinearAttention(AttentionLayer):
 
     capacity_bound = False
     MEASURE = {"linear": ("context", "quick")}
+    MATRICES = {"in_proj": (0, 1), "in_proj_qkvz": (0, 1), "in_proj_ba": (0, 1),
+                "out_proj": (0, 1)}
 
     @classmethod
     def validate(cls, cfg: ModelConfig, kind: str) -> None:
@@ -302,7 +308,7 @@ class LinearAttention(AttentionLayer):
                     dt: Dtypes) -> float:
         """Independent of context: a float32 state and Z-1 conv inputs in the cache dtype."""
         N, _, H, U, Z, X = sizes(cfg)
-        return batch * (N * H * U * STATE_BYTES + (Z - 1) * X * dt.kv_size)
+        return batch * (N * H * U * STATE_BYTES + (Z - 1) * X * float_cache_size(cfg, dt))
 
     @classmethod
     def costs(cls, cfg: ModelConfig, kind: str, batch: int, new: int, context: int,
@@ -317,15 +323,16 @@ class LinearAttention(AttentionLayer):
         proj = matmul(BT, D, width, dt)
         bias = rule == "mamba2"
         conv = Cost(flops=BT * X * (2 * Z + bias + SILU_FLOPS),  # Z multiply-adds, bias, silu
-                    weight_bytes=X * (Z + bias) * dt.weight_size,
-                    kv_bytes=2 * batch * (Z - 1) * X * dt.kv_size,  # read and write the window
+                    weight_bytes=X * (Z + bias) * dt.param_size,
+                    kv_bytes=2 * batch * (Z - 1) * X * float_cache_size(cfg, dt),  # read, write
                     act_bytes=2 * BT * X * dt.act_size)
         conv = conv + Cost(flops=BT * N * FEATURE_FLOPS[rule] + N + (  # + N: A = -exp(A_log)
-            BT * K * H * (2 * L2_FLOPS + 1) if rule == "gated_delta" else 0))
+            BT * K * H * (2 * L2_FLOPS + 1) if rule == "gated_delta" else 0),
+            weight_bytes=(2 + (rule == "mamba2")) * N * dt.param_size)  # A_log, dt_bias, (D)
         rows = N if rule == "gated_delta" else K  # RMS rows per token
         out = matmul(BT, N * U, D, dt) + Cost(
             flops=BT * (GATE_NORM_FLOPS * N * U + GATE_NORM_ROW_FLOPS * rows),
-            weight_bytes=cls.param_counts(cfg, kind)["norm"] * dt.weight_size)
+            weight_bytes=cls.param_counts(cfg, kind)["norm"] * dt.param_size)
         ops = {"qkv_proj": proj, "conv": conv}
         if new == 1:
             ops["state_update"] = state_update_cost(cfg, batch, dt)

@@ -64,12 +64,16 @@ from refmodel.config import ModelConfig, non_negative, positive
 from refmodel.counting import Cost, Dtypes, matmul
 from refmodel.layers import NORM_FLOPS as _NORM_FLOPS
 from refmodel.layers import param
+from refmodel.quant import cache_read, cache_zeros, dense
 
 NORM_FLOPS = _NORM_FLOPS["rmsnorm"]  # the q and kv latent RMSNorms, per element
 
 
 @struct.dataclass
 class MLACache:
+    """Float, or (cfg.kv_format) `QuantCache`s with one scale per latent row and per rope key:
+    scales [B, S] each."""
+
     latent: jax.Array  # [B, S, R], after kv_norm
     k_rope: jax.Array  # [B, S, Q], after RoPE; one key shared by all N heads
 
@@ -79,6 +83,9 @@ class MultiHeadLatentAttention(AttentionLayer):
     """DeepSeek's MLA: a low-rank latent KV cache plus a decoupled shared RoPE key."""
 
     MEASURE = {"mla absorbed": ("context", "quick")}
+    # wo [N, U, D] takes two input axes; the 3-D weights enter einsums dequantized.
+    MATRICES = {"wq_a": (0, 1), "wq_b": (0, 1), "wq": (0, 1), "wkv_a": (0, 1), "wkv_b": (0, 1),
+                "wo": (0, 2)}
     # Options of the softmax variants this implementation does not have.
     UNSUPPORTED = ("attn_bias", "qk_norm", "attn_out_gate", "attn_sinks", "attn_softcap",
                    "query_scale")
@@ -126,9 +133,9 @@ class MultiHeadLatentAttention(AttentionLayer):
         with jax.named_scope("qkv_proj"):
             if cfg.q_lora_rank > 0:
                 cq = self.q_norm(x @ self.wq_a[...])  # [B, T, Y]
-                q = jnp.einsum("BTY,YNH->BTNH", cq, self.wq_b[...])  # [B, T, N, H]
+                q = jnp.einsum("BTY,YNH->BTNH", cq, dense(self.wq_b[...]))  # [B, T, N, H]
             else:
-                q = jnp.einsum("BTD,DNH->BTNH", x, self.wq[...])  # [B, T, N, H]
+                q = jnp.einsum("BTD,DNH->BTNH", x, dense(self.wq[...]))  # [B, T, N, H]
             kv = x @ self.wkv_a[...]  # [B, T, R + Q]
             latent = self.kv_norm(kv[..., :R])  # [B, T, R]
         q_nope, q_rope, k_rope = q[..., :P], q[..., P:], kv[..., R:]
@@ -146,7 +153,7 @@ class MultiHeadLatentAttention(AttentionLayer):
         """Expand the latents to per-head K and V, then softmax attention -> [B, T, N, U]."""
         P = self.cfg.qk_nope_dim
         with jax.named_scope("kv_expand"):
-            w = self.wkv_b[...]
+            w = dense(self.wkv_b[...])
             k_nope = jnp.einsum("BSR,RNP->BNSP", latent, w[..., :P])  # [B, N, S, P]
             v = jnp.einsum("BSR,RNU->BNSU", latent, w[..., P:])  # [B, N, S, U]
             B, N, S, _ = k_nope.shape
@@ -158,7 +165,7 @@ class MultiHeadLatentAttention(AttentionLayer):
     def absorbed(self, q_nope, q_rope, latent, k_rope, mask):
         """Attend in the latent space (W_UK folded into q, W_UV after) -> [B, T, N, U]."""
         P = self.cfg.qk_nope_dim
-        w = self.wkv_b[...]
+        w = dense(self.wkv_b[...])
         with jax.named_scope("absorb"):
             q_lat = jnp.einsum("BTNP,RNP->BTNR", q_nope, w[..., :P])  # [B, T, N, R]
         with jax.named_scope("attn_scores"):
@@ -183,16 +190,17 @@ class MultiHeadLatentAttention(AttentionLayer):
                                  k_rope=write_at(cache.k_rope, k_rope, start, 1))
             k_pos = jnp.arange(cache.latent.shape[1], dtype=jnp.int32)  # [S]
             core = self.absorbed if self.cfg.mla_absorb else self.naive
-            o = core(q_nope, q_rope, cache.latent.astype(x.dtype), cache.k_rope.astype(x.dtype),
+            o = core(q_nope, q_rope, cache_read(cache.latent, x.dtype),
+                     cache_read(cache.k_rope, x.dtype),
                      causal_mask(positions, k_pos))  # mask [T, S] or [B, T, S]
         with jax.named_scope("out_proj"):
-            return jnp.einsum("BTNU,NUD->BTD", o, self.wo[...]), cache  # [B, T, D]
+            return jnp.einsum("BTNU,NUD->BTD", o, dense(self.wo[...])), cache  # [B, T, D]
 
     @classmethod
     def init_cache(cls, cfg: ModelConfig, kind: str, batch: int, max_len: int) -> MLACache:
-        dtype = jnp.dtype(cfg.dtype)
-        return MLACache(latent=jnp.zeros((batch, max_len, cfg.kv_lora_rank), dtype),
-                        k_rope=jnp.zeros((batch, max_len, cfg.qk_rope_dim), dtype))
+        dtype, fmt = jnp.dtype(cfg.dtype), cfg.kv_format
+        return MLACache(latent=cache_zeros((batch, max_len, cfg.kv_lora_rank), dtype, fmt),
+                        k_rope=cache_zeros((batch, max_len, cfg.qk_rope_dim), dtype, fmt))
 
     # Costs ------------------------------------------------------------------------------------
 
@@ -208,7 +216,7 @@ class MultiHeadLatentAttention(AttentionLayer):
     @classmethod
     def cache_bytes(cls, cfg: ModelConfig, kind: str, batch: int, context: int,
                     dt: Dtypes) -> float:
-        return 1.0 * batch * context * (cfg.kv_lora_rank + cfg.qk_rope_dim) * dt.kv_size
+        return latent_bytes(cfg, batch * context, dt)
 
     @classmethod
     def costs(cls, cfg: ModelConfig, kind: str, batch: int, new: int, context: int,
@@ -220,19 +228,27 @@ class MultiHeadLatentAttention(AttentionLayer):
         BT, keys = batch * new, context + new  # query tokens, key positions per sequence
         if Y > 0:
             qkv = matmul(BT, D, Y, dt) + matmul(BT, Y, N * (P + Q), dt)
-            qkv = qkv + Cost(flops=NORM_FLOPS * BT * Y, weight_bytes=Y * dt.weight_size)
+            qkv = qkv + Cost(flops=NORM_FLOPS * BT * Y, weight_bytes=Y * dt.param_size)
         else:
             qkv = matmul(BT, D, N * (P + Q), dt)
         qkv = qkv + matmul(BT, D, R + Q, dt) + Cost(flops=NORM_FLOPS * BT * R,
-                                                    weight_bytes=R * dt.weight_size)
+                                                    weight_bytes=R * dt.param_size)
         rope_cost = Cost(flops=ROPE_FLOPS * BT * (N + 1) * Q) if cfg.position == "rope" \
             else Cost()
         ops = {"qkv_proj": qkv, "rope": rope_cost,
-               "kv_write": Cost(kv_bytes=BT * (R + Q) * dt.kv_size),
+               "kv_write": Cost(kv_bytes=latent_bytes(cfg, BT, dt)),
                "attn_softmax": Cost(flops=ATTN_SOFTMAX_FLOPS * BT * N * keys),
                "out_proj": matmul(BT, N * U, D, dt)}
         core = absorbed_costs if cfg.mla_absorb else naive_costs
         return {**ops, **core(cfg, batch, new, keys, dt)}
+
+
+def latent_bytes(cfg: ModelConfig, tokens: float, dt: Dtypes, rope_key: bool = True) -> float:
+    """Cache bytes of `tokens` latent rows (R) and rope keys (Q), each a vector with its own
+    scale when the cache is quantized."""
+    R, Q = cfg.kv_lora_rank, cfg.qk_rope_dim
+    return dt.kv_bytes(1.0 * tokens * R, R) + (dt.kv_bytes(1.0 * tokens * Q, Q) if rope_key
+                                               else 0.0)
 
 
 def naive_costs(cfg: ModelConfig, batch: int, new: int, keys: int,
@@ -242,10 +258,12 @@ def naive_costs(cfg: ModelConfig, batch: int, new: int, keys: int,
     N, R, P, Q, U = (cfg.n_heads, cfg.kv_lora_rank, cfg.qk_nope_dim, cfg.qk_rope_dim,
                      cfg.v_head_dim)
     BT, BS = batch * new, batch * keys
-    expand = Cost(flops=2.0 * BS * R * N * (P + U), weight_bytes=R * N * (P + U) * dt.weight_size,
-                  kv_bytes=BS * R * dt.kv_size, act_bytes=2.0 * BS * N * (P + U) * dt.act_size)
+    expand = Cost(flops=2.0 * BS * R * N * (P + U), weight_bytes=dt.matrix_bytes(R, N * (P + U)),
+                  kv_bytes=latent_bytes(cfg, BS, dt, rope_key=False),
+                  act_bytes=2.0 * BS * N * (P + U) * dt.act_size)
     return {"kv_expand": expand, "absorb": Cost(),
-            "attn_scores": Cost(flops=2.0 * BT * N * keys * (P + Q), kv_bytes=BS * Q * dt.kv_size),
+            "attn_scores": Cost(flops=2.0 * BT * N * keys * (P + Q),
+                                kv_bytes=dt.kv_bytes(1.0 * BS * Q, Q)),
             "attn_values": Cost(flops=2.0 * BT * N * keys * U)}
 
 
@@ -256,9 +274,10 @@ def absorbed_costs(cfg: ModelConfig, batch: int, new: int, keys: int,
     N, R, P, Q, U = (cfg.n_heads, cfg.kv_lora_rank, cfg.qk_nope_dim, cfg.qk_rope_dim,
                      cfg.v_head_dim)
     BT, BS = batch * new, batch * keys
-    absorb = N * matmul(BT, P, R, dt) + N * matmul(BT, R, U, dt)
+    absorb = N * matmul(BT, P, R, dt, weight=False) + N * matmul(BT, R, U, dt, weight=False)
+    absorb = absorb + Cost(weight_bytes=dt.matrix_bytes(R, N * (P + U)))  # wkv_b, read once
     # + BT N keys: the sum of the latent and the rope score.
     scores = Cost(flops=2.0 * BT * N * keys * (R + Q) + BT * N * keys,
-                  kv_bytes=BS * (R + Q) * dt.kv_size)
+                  kv_bytes=latent_bytes(cfg, BS, dt))
     return {"kv_expand": Cost(), "absorb": absorb, "attn_scores": scores,
             "attn_values": Cost(flops=2.0 * BT * N * keys * R)}

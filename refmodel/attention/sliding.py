@@ -45,6 +45,7 @@ from refmodel.attention.common import causal_mask, positions_of
 from refmodel.attention.gqa import GroupedQueryAttention, gqa_costs, kv_heads
 from refmodel.config import ModelConfig, positive
 from refmodel.counting import Cost, Dtypes
+from refmodel.quant import cache_read, cache_round, cache_store, cache_zeros
 
 RING_OP = "ring_masked_slots"  # work of the fixed ring beyond a windowed engine's
 RING_OPS = ("attn_scores", "attn_softmax", "attn_values")  # the ops whose keys it pads
@@ -52,6 +53,9 @@ RING_OPS = ("attn_scores", "attn_softmax", "attn_values")  # the ops whose keys 
 
 @struct.dataclass
 class RingCache:
+    """k and v float, or (cfg.kv_format) `QuantCache`s with one scale per slot's head vector:
+    q [B, K, W, H], scale [B, K, W]. `pos` stays int32."""
+
     k: jax.Array  # [B, K, W, H]
     v: jax.Array  # [B, K, W, H]
     pos: jax.Array  # int32 [B, W]: absolute position held by each slot, -1 = empty
@@ -63,16 +67,22 @@ def ring_write(cache: RingCache, k: jax.Array, v: jax.Array, positions: jax.Arra
     (B, W), T = cache.pos.shape, k.shape[2]
     n = min(T, W)  # static; the n positions are consecutive, so their slots are distinct
     new = positions[..., T - n:]  # [n] or [B, n]
-    k, v = k[:, :, T - n:].astype(cache.k.dtype), v[:, :, T - n:].astype(cache.v.dtype)
+    # quantized (q [B, K, n, H] and scale [B, K, n]) or cast; every leaf is set alike
+    k, v = cache_store(k[:, :, T - n:], cache.k), cache_store(v[:, :, T - n:], cache.v)
+    slots = new % W  # [n] or [B, n]
     if positions.ndim == 1:  # one slot list for every row
-        slots = new % W  # [n]
-        return RingCache(k=cache.k.at[:, :, slots].set(k), v=cache.v.at[:, :, slots].set(v),
-                         pos=cache.pos.at[:, slots].set(new))
-    rows, slots = jnp.arange(B)[:, None], new % W  # [B, 1], [B, n]
-    # cache.k[rows, :, slots] is [B, n, K, H]: the indexed axes first
-    return RingCache(k=cache.k.at[rows, :, slots].set(k.transpose(0, 2, 1, 3)),
-                     v=cache.v.at[rows, :, slots].set(v.transpose(0, 2, 1, 3)),
-                     pos=cache.pos.at[rows, slots].set(new))
+        def put(c, x):
+            return c.at[:, :, slots].set(x)
+
+        pos = cache.pos.at[:, slots].set(new)
+    else:
+        rows = jnp.arange(B)[:, None]  # [B, 1]
+
+        def put(c, x):  # c[rows, :, slots] is [B, n, K(, H)]: the indexed axes first
+            return c.at[rows, :, slots].set(jnp.moveaxis(x, 2, 1))
+
+        pos = cache.pos.at[rows, slots].set(new)
+    return RingCache(k=jax.tree.map(put, cache.k, k), v=jax.tree.map(put, cache.v, v), pos=pos)
 
 
 @register("sliding")
@@ -98,10 +108,16 @@ class SlidingWindowAttention(GroupedQueryAttention):
         if T == 1:  # decode: write first, then attend over the ring's W slots
             with jax.named_scope("kv_write"):
                 cache = ring_write(cache, k, v, positions)
-            keys, values, k_pos = cache.k, cache.v, cache.pos  # [B, K, W, H] x 2, [B, W]
+            keys, values = cache_read(cache.k, q.dtype), cache_read(cache.v, q.dtype)
+            k_pos = cache.pos  # keys, values [B, K, W, H]; k_pos [B, W]
         else:  # prefill: attend over old slots ++ the chunk, then write
-            keys = jnp.concatenate([cache.k.astype(k.dtype), k], axis=2)  # [B, K, W + T, H]
-            values = jnp.concatenate([cache.v.astype(v.dtype), v], axis=2)  # [B, K, W + T, H]
+            # the chunk's own keys as a quantized ring will hand them back (no-op for a
+            # float cache), so prefill in chunks equals decode token by token
+            k_seen, v_seen = cache_round(k, cache.k), cache_round(v, cache.v)
+            keys = jnp.concatenate([cache_read(cache.k, k.dtype), k_seen],
+                                   axis=2)  # [B, K, W + T, H]
+            values = jnp.concatenate([cache_read(cache.v, v.dtype), v_seen],
+                                     axis=2)  # [B, K, W + T, H]
             k_pos = jnp.concatenate([cache.pos, jnp.broadcast_to(positions, (B, T))],
                                     axis=1)  # [B, W + T]
         o = self.core(q, keys.astype(q.dtype), values.astype(q.dtype),
@@ -122,8 +138,13 @@ class SlidingWindowAttention(GroupedQueryAttention):
         see (position p - W of each): every slot now holding a rejected position (>= pos [B])
         gets back what it held before the chunk."""
         rejected = after.pos >= pos[:, None]  # [B, W]
-        back = rejected[:, None, :, None]  # [B, 1, W, 1]
-        return RingCache(k=jnp.where(back, before.k, after.k), v=jnp.where(back, before.v, after.v),
+        back = rejected[:, None, :]  # [B, 1, W]
+
+        def pick(b, a):  # a float or q leaf [B, K, W, H] (mask [B, 1, W, 1]), a scale [B, K, W]
+            return jnp.where(back.reshape(back.shape + (1,) * (a.ndim - 3)), b, a)
+
+        return RingCache(k=jax.tree.map(pick, before.k, after.k),
+                         v=jax.tree.map(pick, before.v, after.v),
                          pos=jnp.where(rejected, before.pos, after.pos))
 
     @classmethod
@@ -131,7 +152,8 @@ class SlidingWindowAttention(GroupedQueryAttention):
         """W slots whatever max_len is (max_len is ignored: the ring never fills up)."""
         shape = (batch, kv_heads(cfg, kind), cfg.window, cfg.resolved_head_dim)
         dtype = jnp.dtype(cfg.dtype)
-        return RingCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+        return RingCache(k=cache_zeros(shape, dtype, cfg.kv_format),
+                         v=cache_zeros(shape, dtype, cfg.kv_format),
                          pos=jnp.full((batch, cfg.window), -1, jnp.int32))
 
     # Costs ------------------------------------------------------------------------------------
@@ -143,8 +165,8 @@ class SlidingWindowAttention(GroupedQueryAttention):
         engine that allocates per token (paged) holds. This ring allocates all W slots up
         front (`init_cache`), whatever the context. The W int32 positions of each sequence
         are left out: 4 B W bytes per layer."""
-        keys = min(context, cfg.window)
-        return 2.0 * batch * keys * kv_heads(cfg, kind) * cfg.resolved_head_dim * dt.kv_size
+        keys, H = min(context, cfg.window), cfg.resolved_head_dim
+        return dt.kv_bytes(2.0 * batch * keys * kv_heads(cfg, kind) * H, H)
 
     @classmethod
     def costs(cls, cfg: ModelConfig, kind: str, batch: int, new: int, context: int,
@@ -159,5 +181,5 @@ class SlidingWindowAttention(GroupedQueryAttention):
         out = gqa_costs(cfg, K, batch, new, engine, dt)
         ring = gqa_costs(cfg, K, batch, new, executed, dt)
         out[RING_OP] = sum((ring[op] + (-1.0) * out[op] for op in RING_OPS), Cost())
-        out["kv_write"] = Cost(kv_bytes=2.0 * batch * min(new, W) * K * H * dt.kv_size)
+        out["kv_write"] = Cost(kv_bytes=dt.kv_bytes(2.0 * batch * min(new, W) * K * H, H))
         return out

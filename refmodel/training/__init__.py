@@ -9,7 +9,15 @@ bar. Files: `data.py` (the corpus, the split, the batches), `recipes.py` (what t
 """
 
 from refmodel.training import checkpoint, data, recipes
-from refmodel.training.loop import Result, Trainer, cache_dir, checkpoint_path, train, trained
+from refmodel.training.loop import (
+    Result,
+    Trainer,
+    bits_per_byte,
+    cache_dir,
+    checkpoint_path,
+    train,
+    trained,
+)
 
-__all__ = ["Result", "Trainer", "cache_dir", "checkpoint", "checkpoint_path", "data",
-           "recipes", "train", "trained"]
+__all__ = ["Result", "Trainer", "bits_per_byte", "cache_dir", "checkpoint", "checkpoint_path",
+           "data", "recipes", "train", "trained"]

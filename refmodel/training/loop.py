@@ -183,6 +183,34 @@ def train(recipe: Recipe, *, root: Path | None = None, resume: bool = True,
                   path if save else None, seconds, corpus.describe(), done * tokens)
 
 
+@functools.lru_cache(maxsize=16)
+def _loss_of(graphdef, cached: bool):
+    def loss(state, windows):
+        if not cached:
+            return loss_nats(graphdef, state, nnx.State({}), windows)
+        model = nnx.merge(graphdef, state)
+        B, T = windows.shape[0], windows.shape[1] - 1
+        logits, _ = model(windows[:, :-1], refmodel.init_cache(model.cfg, B, T))
+        return optax.softmax_cross_entropy_with_integer_labels(logits, windows[:, 1:]).mean()
+
+    return jax.jit(loss)
+
+
+def bits_per_byte(model: nnx.Module, name: str, cached: bool | None = None) -> float:
+    """Validation bits per byte of any model (e.g. quantized: `refmodel.quant.quantize`) on
+    recipe `name`'s validation batches, the ones its training reports. `cached`: through a
+    cache (every token's keys written to it and read back from it, as prefill does), which a
+    quantized cache rounds; None: when the model's cache is quantized."""
+    from refmodel.training.recipes import get
+
+    recipe = get(name)
+    corpus = data.load(max_bytes=recipe.max_bytes)
+    val = data.val_batches(corpus, recipe.eval_batches, recipe.batch, recipe.seq_len)
+    graphdef, state = nnx.split(model)
+    loss = _loss_of(graphdef, model.cfg.kv_format != "none" if cached is None else cached)
+    return float(np.mean([float(loss(state, jnp.asarray(b))) for b in val])) / math.log(2)
+
+
 def trained(name: str, *, root: Path | None = None, progress: bool = True) -> nnx.Module:
     """The trained model of recipe `name`: its cached checkpoint, trained first if missing."""
     from refmodel.training.recipes import get

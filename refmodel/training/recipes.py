@@ -13,6 +13,10 @@ import json
 from dataclasses import dataclass
 
 
+# Config fields a checkpoint does not depend on (`fingerprint`).
+INFERENCE_ONLY = ("weight_format", "kv_format", "quant_activations")
+
+
 @dataclass(frozen=True)
 class Recipe:
     name: str
@@ -53,7 +57,12 @@ class Recipe:
         changed recipe or model never resumes from another's checkpoint."""
         from refmodel import presets
 
-        blob = json.dumps([dataclasses.asdict(self), repr(presets.get(self.model))])
+        cfg = presets.get(self.model)
+        # the config's repr without the fields that do not change training (quantization is
+        # applied to a trained model), so adding such a field keeps every checkpoint's name
+        shown = ", ".join(f"{f.name}={getattr(cfg, f.name)!r}" for f in dataclasses.fields(cfg)
+                          if f.name not in INFERENCE_ONLY)
+        blob = json.dumps([dataclasses.asdict(self), f"{type(cfg).__qualname__}({shown})"])
         return hashlib.sha256(blob.encode()).hexdigest()[:8]
 
 

@@ -1,0 +1,298 @@
+"""Quantized weights and caches: int8, float8 (e4m3) and int4 numbers with float32 scales.
+
+Formats (symmetric, round to nearest; what each stores is what `refmodel.counting` counts):
+- `int8`: one scale per output channel, s = max|w| / 127 over the channel's inputs;
+- `float8`: e4m3 (`jnp.float8_e4m3fn`, max 448), one scale per output channel, s = max|w| / 448;
+- `int4`: one scale per QUANT_GROUP = 32 inputs of each output channel, s = max|w| / 7,
+  values in [-8, 7], two packed per byte (`packed`, below).
+A KV cache in int8 or float8 keeps one scale per cached vector (a head's key or value, a
+latent row): `QuantCache`.
+
+A quantized weight is a `Quantized` pytree stored output-major, q [..., N, K], so that the
+product with a few activation rows is one fused multiply-and-reduce over the contiguous K
+axis (`FEW_ROWS`). XLA:CPU has no fast mixed-precision GEMV: written as a dot of x with the
+dequantized weight, or as a dot with `preferred_element_type`, or as an int8 x int8 -> int32
+dot, the batch-1 product of a [4096, 4096] int8 weight took 36-43 ms against 4 ms for the
+float32 GEMV (2-core Zen 3, jax 0.10.2; `python -m microbench quant` measures them all). More
+rows than FEW_ROWS (prefill) dequantize once and run the float GEMM.
+
+`quantize(model, weights=..., kv=...)` is the one call: any model (random or trained) comes
+back with its matrices and its cache format as the config says; the modules declare which of
+their parameters are matrices (`MATRICES`), so nothing here names a variant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from refmodel.counting import QUANT_GROUP
+
+WEIGHT_FORMATS = ("int8", "float8", "int4")
+KV_FORMATS = ("int8", "float8")
+STORAGE = {"int8": jnp.int8, "float8": jnp.float8_e4m3fn, "int4": jnp.int8}
+QMAX = {"int8": 127.0, "float8": 448.0, "int4": 7.0}
+# Rows at or below which a product runs as a fused multiply-and-reduce over the quantized
+# weight; above, the weight is dequantized once and the float GEMM runs. At [4096, 4096] int8
+# on the 2-core Zen 3: 32 rows 8.8 ms (float32 GEMM 25 ms), 64 rows 54 ms (float32 28 ms).
+FEW_ROWS = 32
+
+
+def _round(x: jax.Array, fmt: str) -> jax.Array:
+    if fmt == "float8":
+        return x.astype(STORAGE[fmt])  # round to nearest e4m3
+    return jnp.clip(jnp.round(x), -QMAX[fmt] - (fmt == "int4"), QMAX[fmt]).astype(jnp.int8)
+
+
+def _scale(amax: jax.Array, fmt: str) -> jax.Array:
+    """max|x| -> a float32 scale; an all-zero row gets 1 (it quantizes to zeros either way)."""
+    amax = amax.astype(jnp.float32)
+    return jnp.where(amax > 0, amax / QMAX[fmt], 1.0)
+
+
+# Weights -----------------------------------------------------------------------------------------
+
+@struct.dataclass
+class Quantized:
+    """A weight of `shape` = lead + (K...) + (N...) stored as q [*lead, N, K'] and scales.
+
+    `lead` leading axes index stacked matrices (a MoE's experts); the next `contract` axes
+    are the inputs (K, their product), the rest the outputs (N). int4 packs two values per
+    byte: q [*lead, N, K'/2] with K' = K rounded up to a whole group, value j of a row in the
+    low nibble of byte j and value j + K'/2 in the high one. `acts`: int8 only, the
+    activations are quantized per row too and the product is an int8 x int8 -> int32 dot.
+    """
+
+    q: jax.Array
+    scale: jax.Array  # float32 [*lead, N] (int8, float8) or [*lead, N, K'/G] (int4)
+    fmt: str = struct.field(pytree_node=False)
+    shape: tuple = struct.field(pytree_node=False)
+    lead: int = struct.field(pytree_node=False, default=0)
+    contract: int = struct.field(pytree_node=False, default=1)
+    acts: bool = struct.field(pytree_node=False, default=False)
+
+    @property
+    def k(self) -> int:
+        return math.prod(self.shape[self.lead:self.lead + self.contract])
+
+    @property
+    def n(self) -> int:
+        return math.prod(self.shape[self.lead + self.contract:])
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.nbytes + self.scale.nbytes
+
+    @property
+    def dtype(self):
+        return self.q.dtype
+
+    def __getitem__(self, index) -> Quantized:
+        """w[...] is w; w[e] (lead axes only) is one stacked matrix, still quantized."""
+        if index is Ellipsis:
+            return self
+        if self.lead == 0:
+            raise IndexError("a quantized matrix indexes only its leading (stacked) axes")
+        return Quantized(self.q[index], self.scale[index], self.fmt, self.shape[1:],
+                         self.lead - 1, self.contract, self.acts)
+
+    def __rmatmul__(self, x: jax.Array) -> jax.Array:  # x [..., K] @ w [K, N] -> [..., N]
+        if self.lead or self.contract != 1 or len(self.shape) != 2:
+            raise ValueError(f"x @ w takes a 2-D weight; this one is {self.shape}: use "
+                             "dequantize(w) in an einsum")
+        return matmul(x, self)
+
+    def dequantize(self, dtype=jnp.float32) -> jax.Array:
+        """The float weight, in its original `shape` and layout."""
+        w = unpack(self) * _expand_scale(self)  # [*lead, N, K']
+        w = w[..., :self.k].astype(dtype)
+        lead = self.shape[:self.lead]
+        w = w.reshape(*lead, self.n, self.k)
+        w = jnp.swapaxes(w, -1, -2)  # [*lead, K, N]
+        return w.reshape(self.shape)
+
+
+def _expand_scale(w: Quantized) -> jax.Array:
+    """Scales broadcast to q's unpacked [*lead, N, K']."""
+    if QUANT_GROUP[w.fmt] is None:
+        return w.scale[..., None]
+    return jnp.repeat(w.scale, QUANT_GROUP[w.fmt], axis=-1)
+
+
+def unpack(w: Quantized) -> jax.Array:
+    """The stored values as float32 [*lead, N, K'] (int4: both nibbles, sign-extended)."""
+    if w.fmt != "int4":
+        return w.q.astype(jnp.float32)
+    lo = jnp.left_shift(w.q, 4) >> 4  # arithmetic shifts sign-extend the nibble
+    hi = w.q >> 4
+    return jnp.concatenate([lo, hi], axis=-1).astype(jnp.float32)
+
+
+def quantize_matrix(w: jax.Array, fmt: str, lead: int = 0, contract: int = 1,
+                    acts: bool = False) -> Quantized:
+    """A float weight of shape lead + K axes + N axes -> `Quantized` in `fmt`."""
+    if fmt not in WEIGHT_FORMATS:
+        raise ValueError(f"weight format {fmt!r} is not one of {list(WEIGHT_FORMATS)}")
+    if acts and fmt != "int8":
+        raise ValueError(f"quantized activations need int8 weights, not {fmt!r}")
+    shape = tuple(w.shape)
+    lead_shape = shape[:lead]
+    K, N = math.prod(shape[lead:lead + contract]), math.prod(shape[lead + contract:])
+    wt = jnp.swapaxes(w.astype(jnp.float32).reshape(*lead_shape, K, N), -1, -2)  # [*lead, N, K]
+    group = QUANT_GROUP[fmt]
+    if group is None:
+        scale = _scale(jnp.max(jnp.abs(wt), axis=-1), fmt)  # [*lead, N]
+        q = _round(wt / scale[..., None], fmt)
+    else:
+        Kp = -(-K // group) * group
+        wt = jnp.pad(wt, [(0, 0)] * (wt.ndim - 1) + [(0, Kp - K)])
+        groups = wt.reshape(*wt.shape[:-1], Kp // group, group)
+        scale = _scale(jnp.max(jnp.abs(groups), axis=-1), fmt)  # [*lead, N, Kp / G]
+        v = _round(groups / scale[..., None], fmt).reshape(wt.shape)  # [*lead, N, Kp]
+        half = Kp // 2
+        q = (v[..., :half] & 0xF) | jnp.left_shift(v[..., half:], 4)  # two per byte
+    return Quantized(q, scale, fmt, shape, lead, contract, acts)
+
+
+def matmul(x: jax.Array, w: Quantized) -> jax.Array:
+    """x [..., K] times the 2-D quantized w [K, N] -> [..., N] in x's dtype.
+
+    Up to FEW_ROWS rows: the fused multiply-and-reduce over each output channel's K stored
+    values, scaled once per channel (int4: per group, inside the reduce). More: dequantize,
+    then the float GEMM. int8 with `acts`: x quantized per row, an int32-accumulating dot.
+    """
+    lead, K = x.shape[:-1], x.shape[-1]
+    rows = x.reshape(-1, K)
+    if w.acts:
+        sx = _scale(jnp.max(jnp.abs(rows), axis=-1), "int8")  # [M]
+        xq = _round(rows / sx[:, None], "int8")
+        acc = jax.lax.dot_general(xq, w.q, (((1,), (1,)), ((), ())),
+                                  preferred_element_type=jnp.int32)  # [M, N]
+        y = acc.astype(jnp.float32) * sx[:, None] * w.scale
+    elif rows.shape[0] <= FEW_ROWS:
+        xf = rows.astype(jnp.float32)
+        if QUANT_GROUP[w.fmt] is not None:
+            xf = jnp.pad(xf, ((0, 0), (0, w.q.shape[-1] * 2 - K)))  # to whole groups
+        if rows.shape[0] == 1:  # 2-D: written [1, N, K], XLA:CPU took 18x longer (90 ms)
+            y = _reduce(w, xf[0][None, :])[None]  # [1, N]
+        else:
+            y = jax.vmap(lambda r: _reduce(w, r[None, :]))(xf)  # [M, N]
+    else:
+        y = rows @ w.dequantize(x.dtype)
+    return y.astype(x.dtype).reshape(*lead, w.n)
+
+
+def _reduce(w: Quantized, x: jax.Array) -> jax.Array:
+    """One row x [1, K'] against every output channel of q [N, K']: a fused multiply and sum
+    over the contiguous K' axis, scaled per channel (int4: per group, before the sum)."""
+    if QUANT_GROUP[w.fmt] is None:
+        return (w.q.astype(jnp.float32) * x).sum(-1) * w.scale  # [N]
+    return (unpack(w) * _expand_scale(w) * x).sum(-1)  # [N]
+
+
+def dense(w) -> jax.Array:
+    """A weight as a float array: dequantized if quantized (for einsum products)."""
+    return w.dequantize() if isinstance(w, Quantized) else w
+
+
+def matrices(module: nnx.Module) -> dict[str, tuple[int, int]]:
+    """{attribute: (lead, contract)} of the matrices `module` holds (its class's MATRICES,
+    those it has: optional ones, e.g. a gate, may be absent)."""
+    spec = getattr(type(module), "MATRICES", {})
+    return {name: lc for name, lc in spec.items() if hasattr(module, name)}
+
+
+def quantize_weights(model: nnx.Module, fmt: str, acts: bool = False) -> nnx.Module:
+    """Replace, in place, every declared matrix of every submodule by its `Quantized` form."""
+    for _, module in nnx.iter_modules(model):
+        for name, (lead, contract) in matrices(module).items():
+            value = getattr(module, name)[...]
+            if not isinstance(value, Quantized):
+                setattr(module, name, nnx.Param(quantize_matrix(value, fmt, lead, contract, acts)))
+    return model
+
+
+def quantize(model: nnx.Module, weights: str | None = None, kv: str | None = None,
+             activations: bool = False) -> nnx.Module:
+    """A copy of `model` (random or trained, float) with its matrices in `weights` format and
+    its caches in `kv` format (None: as they are), its config saying so."""
+    from refmodel.model import Transformer  # late: model imports this module
+
+    cfg = model.cfg
+    if cfg.weight_format != "none" and weights is not None:
+        raise ValueError(f"the model's weights are already {cfg.weight_format}; quantize the "
+                         "float model")
+    new_cfg = dataclasses.replace(cfg, weight_format=weights or cfg.weight_format,
+                                  kv_format=kv or cfg.kv_format,
+                                  quant_activations=activations or cfg.quant_activations)
+    float_cfg = dataclasses.replace(new_cfg, weight_format="none", quant_activations=False)
+    new = nnx.eval_shape(lambda: Transformer(float_cfg, rngs=nnx.Rngs(0)))
+    nnx.update(new, nnx.state(model))
+    for _, module in nnx.iter_modules(new):
+        if hasattr(module, "cfg"):
+            module.cfg = new_cfg
+    if weights is not None:
+        quantize_weights(new, weights, activations)
+    return new
+
+
+# KV caches ---------------------------------------------------------------------------------------
+
+@struct.dataclass
+class QuantCache:
+    """A token cache in int8 or float8: q as the float cache's shape, one float32 scale per
+    cached vector (the last axis): scale = q's shape without it."""
+
+    q: jax.Array
+    scale: jax.Array
+
+    @property
+    def shape(self):
+        return self.q.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.nbytes + self.scale.nbytes
+
+
+def cache_zeros(shape: tuple[int, ...], dtype, kv_format: str):
+    """An empty token cache: a float array, or a `QuantCache` when kv_format is not "none"."""
+    if kv_format == "none":
+        return jnp.zeros(shape, dtype)
+    return QuantCache(q=jnp.zeros(shape, STORAGE[kv_format]),
+                      scale=jnp.ones(shape[:-1], jnp.float32))
+
+
+def quantize_vectors(x: jax.Array, like: QuantCache) -> QuantCache:
+    """Float vectors x [..., H] in the format of the cache `like` (one scale per vector)."""
+    fmt = "float8" if like.q.dtype == STORAGE["float8"] else "int8"
+    scale = _scale(jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1), fmt)
+    return QuantCache(q=_round(x.astype(jnp.float32) / scale[..., None], fmt), scale=scale)
+
+
+def cache_store(x: jax.Array, like):
+    """x [..., H] as the cache `like` stores it: quantized vectors for a `QuantCache`, else
+    only cast (no other op, so a float cache's compiled code is what it was)."""
+    if isinstance(like, QuantCache):
+        return quantize_vectors(x, like)
+    return x.astype(like.dtype)
+
+
+def cache_round(x: jax.Array, like) -> jax.Array:
+    """x as a query reads it back from the cache `like` (x itself for a float cache): a
+    layer that attends to a chunk's own keys before reading them from the cache (the sliding
+    ring's prefill) sees them rounded, as later chunks and decode steps will."""
+    if isinstance(like, QuantCache):
+        return cache_read(quantize_vectors(x, like), x.dtype)
+    return x
+
+
+def cache_read(cache, dtype) -> jax.Array:
+    """The cache as floats of `dtype` (a float cache is only cast)."""
+    if isinstance(cache, QuantCache):
+        return (cache.q.astype(jnp.float32) * cache.scale[..., None]).astype(dtype)
+    return cache.astype(dtype)
