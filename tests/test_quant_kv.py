@@ -69,7 +69,9 @@ def float_run():
     return model, toks, incremental_logits(model, toks, [])
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+# int8 only: float8 runs the same code with other stored values (its bound: the property test
+# below and the engine test), and this stack's compiles are the file's slowest.
+@pytest.mark.parametrize("fmt", ["int8"])
 def test_quantized_cache_is_close_to_float_and_exact_across_chunkings(fmt, float_run):
     """11 tokens: past the ring's 8 slots and the sparse top-6, so both wrap and select."""
     float_model, toks, want = float_run
