@@ -12,7 +12,6 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-
 # Config fields a checkpoint does not depend on (`fingerprint`).
 INFERENCE_ONLY = ("weight_format", "kv_format", "quant_activations")
 
