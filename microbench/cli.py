@@ -59,6 +59,12 @@ COMMANDS: list[Command] = [
     Command("quant", "quantized weights and KV cache: which product formulation is fast, "
             "decode and prefill per precision vs counted bytes, bits per byte per format",
             "microbench.commands.quant"),
+    Command("collectives", "all-reduce, all-gather, reduce-scatter, all-to-all: bus bandwidth "
+            "vs message size (emulated CPU devices on a CPU) beside vendor link specs",
+            "microbench.commands.collectives"),
+    Command("parallel", "tensor and expert parallelism on paper: when TP stops paying, EP's "
+            "all-to-all vs expert weight bytes, from the cost model on spec chips",
+            "microbench.commands.parallel"),
 ]
 
 

@@ -87,7 +87,7 @@ def forward(model: Transformer, tokens) -> jax.Array:
         raise ValueError(f"tokens of length {tokens.shape[1]} pass max_position="
                          f"{cfg.max_position} of the learned position embedding")
     graphdef, state = nnx.split(model)
-    return phases.jitted("forward", graphdef)(state, tokens)
+    return phases.jitted("forward", graphdef, mesh=model.mesh)(state, tokens)
 
 
 def prefill(model: Transformer, tokens, cache: Cache) -> tuple[jax.Array, Cache]:
@@ -97,7 +97,7 @@ def prefill(model: Transformer, tokens, cache: Cache) -> tuple[jax.Array, Cache]
     check_cache(model.cfg, cache, tokens.shape[0])
     _check_room(cache, tokens.shape[1])
     graphdef, state = nnx.split(model)
-    return phases.jitted("prefill", graphdef)(state, tokens, cache)
+    return phases.jitted("prefill", graphdef, mesh=model.mesh)(state, tokens, cache)
 
 
 def decode_step(model: Transformer, token, cache: Cache) -> tuple[jax.Array, Cache]:
@@ -106,7 +106,7 @@ def decode_step(model: Transformer, token, cache: Cache) -> tuple[jax.Array, Cac
     check_cache(model.cfg, cache, token.shape[0])
     _check_room(cache, 1)
     graphdef, state = nnx.split(model)
-    return phases.jitted("decode", graphdef)(state, token, cache)
+    return phases.jitted("decode", graphdef, mesh=model.mesh)(state, token, cache)
 
 
 def generate(model: Transformer, prompt, max_new_tokens: int, temperature: float = 0.0,
@@ -124,8 +124,8 @@ def generate(model: Transformer, prompt, max_new_tokens: int, temperature: float
         return prompt
     cache = init_cache(model.cfg, B, T + max_new_tokens)
     graphdef, state = nnx.split(model)
-    step = phases.jitted("decode", graphdef)
-    logits, cache = phases.jitted("prefill", graphdef)(state, prompt, cache)
+    step = phases.jitted("decode", graphdef, mesh=model.mesh)
+    logits, cache = phases.jitted("prefill", graphdef, mesh=model.mesh)(state, prompt, cache)
     logits, key, out = logits[:, -1], jax.random.key(seed), [prompt]
     for i in range(max_new_tokens):
         if temperature < GREEDY_BELOW:

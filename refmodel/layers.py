@@ -79,7 +79,7 @@ class DenseFFN(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, width: int, *, rngs: nnx.Rngs):
         dtype, D = jnp.dtype(cfg.dtype), cfg.d_model
-        self.act = cfg.mlp_act
+        self.act, self.width = cfg.mlp_act, width
         if cfg.mlp_act in GATED:
             self.w_gate = param(rngs, (D, width), D, dtype)  # [D, F]
         self.w_up = param(rngs, (D, width), D, dtype)  # [D, F]
@@ -88,6 +88,17 @@ class DenseFFN(nnx.Module):
             self.b_up = zeros((width,), dtype)
             self.b_down = zeros((D,), dtype)
         self.bias = cfg.mlp_bias
+
+    def sharding(self, mesh_shape: dict) -> dict[str, tuple]:
+        """Megatron's FFN (refmodel.parallel): up and gate column-parallel, down row-parallel,
+        one all-reduce of [tokens, D] after it."""
+        tp, width = mesh_shape.get("tensor", 1), self.width
+        if width % tp:
+            raise ValueError(f"tensor={tp} does not divide the FFN width {width} (d_ff, or "
+                             "expert_width x n_shared_experts): choose a tensor degree that "
+                             "divides it")
+        return {"w_gate": (None, "tensor"), "w_up": (None, "tensor"),
+                "w_down": ("tensor", None), "b_up": ("tensor",)}
 
     def __call__(self, x: jax.Array) -> jax.Array:  # [..., D] -> [..., D]
         # The products run on [tokens, D]: on [B, T, D] XLA:CPU's backward pass took 1.5x as

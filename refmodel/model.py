@@ -83,6 +83,7 @@ class Transformer(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         V, D, dtype = cfg.vocab_size, cfg.d_model, jnp.dtype(cfg.dtype)
         self.cfg = cfg
+        self.mesh = None  # the device mesh refmodel.parallel.shard put the model on
         self.embed = nnx.Embed(V, D, param_dtype=dtype, dtype=dtype,
                                embedding_init=nnx.initializers.normal(1.0), rngs=rngs)
         if cfg.position == "learned":
@@ -93,6 +94,13 @@ class Transformer(nnx.Module):
             self.lm_head = param(rngs, (D, V), D, dtype)  # [D, V]
         if cfg.weight_format != "none":  # drawn in float, then quantized (refmodel/quant.py)
             quant.quantize_weights(self, cfg.weight_format, cfg.quant_activations)
+
+    def sharding(self, mesh_shape: dict) -> dict[str, tuple]:
+        """The LM head split by vocabulary over "tensor" (refmodel.parallel; every device then
+        holds V / tensor logits, gathered at the end), kept whole when the degree does not
+        divide V; the embedding table stays whole (a gather of B T rows)."""
+        tp = mesh_shape.get("tensor", 1)
+        return {"lm_head": (None, "tensor" if self.cfg.vocab_size % tp == 0 else None)}
 
     def embed_tokens(self, tokens: jax.Array, start: jax.Array) -> jax.Array:
         """tokens int32 [B, T] from position start (int32 scalar or [B]) -> x [B, T, D]."""

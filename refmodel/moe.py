@@ -6,6 +6,13 @@ DeepSeekMoE / V3 (shared experts, sigmoid scores with normalised top-k weights),
 expert) pairs are sorted by expert and run as one grouped matmul (`MoE.grouped_experts`), so no
 expert runs on a token that did not choose it. In decode a batch of B tokens touches about
 E (1 - (1 - A/E)^B) distinct experts: that, not E, is what a decode step must read.
+
+Expert parallelism (GShard, Lepikhin et al. 2020; DeepSeek-V3's EP): under
+`refmodel.parallel`, the experts are split over the mesh's "expert" axis and so are the
+tokens (attention runs data-parallel over it). A layer that holds fewer than E experts routes
+its tokens, sends each (token, expert) pair to the device holding that expert and gets the
+outputs back (`MoE.expert_parallel`: three all-to-alls, the rows, their expert ids and the
+outputs), then combines as on one device.
 """
 
 from __future__ import annotations
@@ -91,11 +98,37 @@ class MoE(nnx.Module):
                 weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
         return weights.astype(x.dtype), idx
 
+    # refmodel.parallel: experts (and their biases) split over the "expert" mesh axis; the
+    # router, and the shared experts' own rules (DenseFFN), as they are.
+    SHARDING = {"w_gate": ("expert", None, None), "w_up": ("expert", None, None),
+                "w_down": ("expert", None, None), "b_gate": ("expert", None),
+                "b_up": ("expert", None), "b_down": ("expert", None)}
+
+    def sharding(self, mesh_shape: dict) -> dict:
+        """{parameter: mesh axis per dimension} (refmodel.parallel); the experts must split
+        evenly over the expert axis."""
+        ep = mesh_shape.get("expert", 1)
+        if self.cfg.n_experts % ep:
+            raise ValueError(f"expert={ep} does not divide n_experts={self.cfg.n_experts}: "
+                             "choose an expert degree that divides the experts")
+        return self.SHARDING
+
+    @property
+    def local_experts(self) -> int:
+        """Experts this device holds: E, or E / ep inside `refmodel.parallel`'s shard_map."""
+        return jax.tree.leaves(self.w_up[...])[0].shape[0]
+
     def __call__(self, x: jax.Array) -> jax.Array:  # [..., D] -> [..., D]
         cfg, shape = self.cfg, x.shape
         x = x.reshape(-1, shape[-1])  # [B*T, D]
         weights, idx = self.route(x)
         A, E = cfg.top_k, cfg.n_experts
+        if self.local_experts != E:  # refmodel.parallel split the experts over devices
+            if self.dense_dispatch:
+                raise ValueError("dense_dispatch (training's every-expert form) does not run "
+                                 "with experts split over devices: use expert=1")
+            y = self.expert_parallel(x, weights, idx)
+            return self._with_shared(x, y).reshape(shape)
         if self.dense_dispatch:
             combine = jnp.zeros((x.shape[0], E), x.dtype).at[
                 jnp.arange(x.shape[0])[:, None], idx].set(weights)  # [B*T, E]
@@ -141,7 +174,45 @@ class MoE(nnx.Module):
             y = h @ self.w_down[...][e]  # [t, D]
             return y + self.b_down[...][e] if cfg.moe_bias else y
 
-    def grouped_experts(self, xs: jax.Array, sizes: jax.Array) -> jax.Array:
+    def expert_parallel(self, x: jax.Array, weights: jax.Array, idx: jax.Array) -> jax.Array:
+        """The routed experts' output for this device's tokens x [n, D] (top-k weights and
+        global expert ids [n, A]) when the experts are split over the "expert" mesh axis
+        (inside `refmodel.parallel`'s shard_map, this device holding E_loc = E / ep of them).
+
+        Each device sends every pair to the device of its expert in a fixed buffer of
+        C = n A rows per destination (all-to-all needs static shapes; C holds the case of
+        every pair going to one device, so no token is ever dropped), with the pair's local
+        expert id (E_loc marks an empty row). The receiver runs its experts on the rows it got
+        (`grouped_experts`: empty rows sorted last, never computed) and sends the outputs back
+        in the same slots. Bytes per all-to-all: ep C D per device, ep times the n A D an
+        exact (ragged) all-to-all moves; `refmodel.parallel.comms` counts both.
+        """
+        n, D = x.shape
+        A, E_loc = self.cfg.top_k, self.local_experts
+        ep, C = self.cfg.n_experts // E_loc, n * A
+        with jax.named_scope("dispatch"):
+            flat = idx.reshape(-1)  # [n*A] global expert ids
+            dest = flat // E_loc  # device holding each pair's expert
+            order = jnp.argsort(dest, stable=True)  # pairs sorted by destination
+            to = dest[order]
+            counts = jnp.bincount(dest, length=ep)
+            slot = jnp.arange(n * A) - (jnp.cumsum(counts) - counts)[to]  # row in its buffer
+            token = order // A
+            send = jnp.zeros((ep, C, D), x.dtype).at[to, slot].set(x[token])  # [ep, C, D]
+            ids = jnp.full((ep, C), E_loc, jnp.int32).at[to, slot].set(flat[order] % E_loc)
+            rows = jax.lax.all_to_all(send, "expert", 0, 0).reshape(ep * C, D)  # by source
+            rid = jax.lax.all_to_all(ids, "expert", 0, 0).reshape(ep * C)
+            by_expert = jnp.argsort(rid, stable=True)  # empty rows (E_loc) last
+            sizes = jnp.bincount(rid, length=E_loc + 1)[:E_loc].astype(jnp.int32)
+        ys = self.grouped_experts(rows[by_expert], sizes, pairs=C)  # [ep*C, D]
+        with jax.named_scope("combine"):
+            ys = jnp.zeros_like(ys).at[by_expert].set(ys).reshape(ep, C, D)
+            back = jax.lax.all_to_all(ys, "expert", 0, 0)  # [ep, C, D]: my pairs' outputs
+            out = back[to, slot] * weights.reshape(-1)[order][:, None]  # [n*A, D]
+            return jnp.zeros_like(x).at[token].add(out)  # [n, D]
+
+    def grouped_experts(self, xs: jax.Array, sizes: jax.Array,
+                        pairs: int | None = None) -> jax.Array:
         """A grouped matmul: rows xs [B*T*A, D] sorted by expert, sizes [E] rows per expert.
 
         Each expert runs on its own rows only, in tiles of `tile` rows (a loop whose trip
@@ -150,12 +221,12 @@ class MoE(nnx.Module):
         `jax.lax.ragged_dot` expresses the same thing, but XLA:CPU ran it 5-30x slower than
         this loop (tests/test_model.py checks both against the every-expert oracle).
         """
-        rows = xs.shape[0]
-        tile = expert_tile(rows, self.cfg.n_experts)
+        rows, experts = xs.shape[0], self.local_experts
+        tile = expert_tile(pairs or rows, experts)  # pairs: the rows expected, if padded
         starts = jnp.cumsum(sizes) - sizes  # first row of each expert [E]
         xs = jnp.pad(xs, ((0, tile), (0, 0)))  # [B*T*A + tile, D]: tiles never read past the end
         out = jnp.zeros_like(xs)
-        for e in range(self.cfg.n_experts):
+        for e in range(experts):
 
             def tile_step(i, out, e=e):
                 r0 = starts[e] + i * tile

@@ -83,12 +83,17 @@ _DONATED = {"prefill": 2, "decode": 2, "decode_attention": 2}
 
 
 @functools.lru_cache(maxsize=64)
-def jitted(name: str, graphdef, layers: tuple[int, ...] | None = None):
+def jitted(name: str, graphdef, layers: tuple[int, ...] | None = None, mesh=None):
     """The jitted phase `name` for one graph, its cache donated (cached, so each compiles once
-    per shape). `Phases(model).jitted[name]` is the same callable."""
+    per shape). `Phases(model).jitted[name]` is the same callable. With a mesh (a model from
+    `refmodel.parallel.shard`), one SPMD program over its devices."""
     fn = functools.partial(_PURE[name], graphdef)
     if layers is not None:
         fn = functools.partial(fn, layers=layers)
+    if mesh is not None:
+        from refmodel.parallel.spmd import spmd
+
+        fn = spmd(name, fn, graphdef, mesh)
     return jax.jit(fn, donate_argnums=donation(name)[0])
 
 
@@ -102,7 +107,8 @@ class Phases:
     def __init__(self, model: nnx.Module):
         self.cfg = model.cfg
         self.graphdef, self.state = nnx.split(model)
-        self.jitted = {name: jitted(name, self.graphdef) for name in _PURE}
+        self.mesh = getattr(model, "mesh", None)  # refmodel.parallel.shard: one SPMD program
+        self.jitted = {name: jitted(name, self.graphdef, mesh=self.mesh) for name in _PURE}
 
     def layer(self, name: str, index: int):
         if name not in ("decode_attention", "decode_ffn"):
@@ -110,7 +116,7 @@ class Phases:
                              "or decode_ffn")
         if not 0 <= index < self.cfg.n_layers:
             raise ValueError(f"layer={index} is not in [0, {self.cfg.n_layers})")
-        return jitted(name, self.graphdef, (index,))
+        return jitted(name, self.graphdef, (index,), self.mesh)
 
     def hidden(self, batch: int, seed: int = 0) -> jax.Array:
         """A random residual-stream input x [B, D] for the decode half-phases."""

@@ -76,9 +76,10 @@ def test_int8_activations_round_the_rows_too():
 
 # Golden on every way a variant multiplies by a matrix, split over two small models (the
 # suite's time): int8 on MLA (`x @ w` and einsums of dequantized 3-D weights), float8 on
-# sparse (the gqa projections it inherits, the indexer's einsums) and linear (`x @ w`). int4 takes the same code with two nibbles per
-# byte: its products are checked against the oracle on both paths above. A MoE's stacked
-# experts are the products test's too (a quantized MoE compiles 8 experts' loops: 2-3x the time).
+# sparse (the gqa projections it inherits, the indexer's einsums) and linear (`x @ w`). int4
+# takes the same code with two nibbles per byte: its products are checked against the oracle
+# on both paths above. A MoE's stacked experts are the products test's too (a quantized MoE
+# compiles 8 experts' loops: 2-3x the time).
 GOLDEN = {"int8": tiny(attention="mla", n_layers=1, q_lora_rank=16),
           "float8": tiny(layer_pattern=("sparse", "linear"), n_layers=2)}
 

@@ -8,7 +8,8 @@ from pathlib import Path
 def add_args(p) -> None:
     p.add_argument("--data", default="figures/data",
                    help="folder with peaks.json, phases.json (and serve.json, simulate.json, "
-                        "speculative.json, quant.json when present)")
+                        "speculative.json, quant.json, collectives.json, parallel.json when "
+                        "present)")
     p.add_argument("--out", default="figures", help="output folder")
 
 
@@ -28,7 +29,10 @@ def run(args) -> int:
 SAVED = {"simulate": ("microbench.plots.simulate", "draw_simulate", "simulate_summary"),
          "speculative": ("microbench.plots.speculative", "draw_speculative",
                          "speculative_summary"),
-         "quant": ("microbench.plots.quant", "draw_quant", "quant_summary")}
+         "quant": ("microbench.plots.quant", "draw_quant", "quant_summary"),
+         "collectives": ("microbench.plots.collectives", "draw_collectives",
+                         "collectives_summary"),
+         "parallel": ("microbench.plots.parallel", "draw_parallel", "parallel_summary")}
 
 
 def saved_figures(name: str, out_dir, data_dir) -> list[Path]:

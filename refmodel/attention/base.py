@@ -39,6 +39,18 @@ and everything else that is particular to it, so nothing outside its file names 
 - `compiler_differences(cfg, kind, phase, batch, context, native_solve)`: FLOPs XLA's cost
   analysis counts that the formulas leave out by design, by reason (default: none).
 
+and how it splits over devices (`refmodel.parallel`; every name is a mesh axis or None):
+
+- `layer.sharding(mesh_shape) -> {parameter: axis per dimension}`: the parameters split over
+  the "tensor" axis (Megatron: heads split, column-parallel in, row-parallel out); a name not
+  listed is replicated (default: all of them, which is correct, only not split). It raises a
+  ValueError naming the field when the tensor degree does not divide what it splits;
+- `cache_sharding(cfg, kind, mesh_shape) -> {cache field: axis per dimension}`: "batch" on
+  the batch axis (the data and expert axes together), a head axis on "tensor" (default:
+  every field split by batch only);
+- `tensor_config(cfg, kind, tensor) -> config changes | None`: one device's share of a layer
+  for the cost model (`refmodel.parallel.comms`), as an engine splits it; None: not split.
+
 and how its cache takes back tokens (speculative decoding, `refmodel/speculative.py`):
 
 - `y, cache, snaps = layer.verify(x, start, cache)`: the call, plus whatever the variant must
@@ -98,6 +110,22 @@ class AttentionLayer(nnx.Module):
     def compiler_differences(cls, cfg: ModelConfig, kind: str, phase: str, batch: int,
                              context: int, native_solve: bool = False) -> dict[str, float]:
         """{reason: FLOPs} one layer's compiled code counts beyond `costs` (negative: fewer)."""
+        return {}
+
+    def sharding(self, mesh_shape: dict) -> dict[str, tuple]:
+        """{parameter: mesh axis per dimension}; unlisted parameters are replicated."""
+        return {}
+
+    @classmethod
+    def tensor_config(cls, cfg: ModelConfig, kind: str, tensor: int) -> dict | None:
+        """The config changes that make one layer's share on one of `tensor` devices (its
+        costs are then this variant's `costs` under them, and the layer ends in one all-reduce
+        of the activations), or None: the layer is not split, every device runs all of it."""
+        return None
+
+    @classmethod
+    def cache_sharding(cls, cfg: ModelConfig, kind: str, mesh_shape: dict) -> dict[str, tuple]:
+        """{cache field: mesh axis per dimension}; unlisted fields: batch only."""
         return {}
 
     def __call__(self, x: jax.Array, start: jax.Array, cache):

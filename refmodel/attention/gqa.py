@@ -44,6 +44,21 @@ def kv_heads(cfg: ModelConfig, kind: str) -> int:
     return {"mha": cfg.n_heads, "mqa": 1}.get(kind, cfg.n_kv_heads)
 
 
+def tensor_heads(N: int, K: int, tensor: int, replicate: bool = False) -> None:
+    """Raise a ValueError unless N query heads and K key/value heads split over `tensor`
+    devices (`refmodel.parallel`). Engines give each device one KV head when K < tensor
+    (replicated, `replicate=True`: the cost model's engine count); this code does not: kept
+    whole beside queries split by head, XLA's partitioner split the cache writes by the
+    query heads' layout and all-gathered the whole cache on every step (measured in the HLO
+    of tiny at tensor=4, K=2), so it asks for a degree that divides K."""
+    if N % tensor:
+        raise ValueError(f"tensor={tensor} does not divide n_heads={N}: choose a tensor "
+                         "degree that divides the query heads")
+    if K % tensor and not (replicate and tensor % K == 0):
+        raise ValueError(f"tensor={tensor} does not divide n_kv_heads={K}: choose a tensor "
+                         "degree that divides the key/value heads")
+
+
 @struct.dataclass
 class KVCache:
     """Keys and values, float or (cfg.kv_format) a `QuantCache` with one scale per head's
@@ -81,6 +96,29 @@ class GroupedQueryAttention(AttentionLayer):
             self.k_norm = nnx.RMSNorm(H, epsilon=cfg.norm_eps, param_dtype=dtype, rngs=rngs)
         if cfg.attn_sinks:
             self.sinks = zeros((N,), dtype)
+
+    def sharding(self, mesh_shape: dict) -> dict[str, tuple]:
+        """Megatron's split: q, k, v (and the gate) column-parallel by heads, the output
+        projection row-parallel (one all-reduce of [B, T, D] after it). The sparse variant's
+        indexer is not listed: replicated."""
+        tensor_heads(self.cfg.n_heads, self.K, mesh_shape.get("tensor", 1))
+        kv = "tensor"
+        return {"wq": (None, "tensor"), "wk": (None, kv), "wv": (None, kv),
+                "wo": ("tensor", None), "wg": (None, "tensor"), "bq": ("tensor", None),
+                "bk": (kv, None), "bv": (kv, None), "sinks": ("tensor",)}
+
+    @classmethod
+    def tensor_config(cls, cfg: ModelConfig, kind: str, tensor: int) -> dict:
+        """N / tensor query heads and K / tensor key/value heads per device; with fewer KV
+        heads than devices, one each (engines replicate them; `sharding` refuses)."""
+        tensor_heads(cfg.n_heads, kv_heads(cfg, kind), tensor, replicate=True)
+        return {"n_heads": cfg.n_heads // tensor, "head_dim": cfg.resolved_head_dim,
+                "n_kv_heads": max(1, kv_heads(cfg, kind) // tensor)}
+
+    @classmethod
+    def cache_sharding(cls, cfg: ModelConfig, kind: str, mesh_shape: dict) -> dict[str, tuple]:
+        tensor_heads(cfg.n_heads, kv_heads(cfg, kind), mesh_shape.get("tensor", 1))
+        return {"k": ("batch", "tensor", None, None), "v": ("batch", "tensor", None, None)}
 
     # The three steps, reused by the sliding-window and sparse variants ----------------------
 

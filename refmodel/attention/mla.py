@@ -44,6 +44,8 @@ arange(max_len), exactly as GQA.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import nnx, struct
@@ -195,6 +197,28 @@ class MultiHeadLatentAttention(AttentionLayer):
                      causal_mask(positions, k_pos))  # mask [T, S] or [B, T, S]
         with jax.named_scope("out_proj"):
             return jnp.einsum("BTNU,NUD->BTD", o, dense(self.wo[...])), cache  # [B, T, D]
+
+    def sharding(self, mesh_shape: dict) -> dict[str, tuple]:
+        """Heads split over "tensor" (the up-projections and the output, row-parallel: one
+        all-reduce after it); the down-projections to the latent and the latent cache are
+        shared by every head, so every device keeps them whole: MLA's cache does not shrink
+        with the tensor degree (GQA's does, down to one KV head per device)."""
+        tp = mesh_shape.get("tensor", 1)
+        if self.cfg.n_heads % tp:
+            raise ValueError(f"tensor={tp} does not divide n_heads={self.cfg.n_heads}: "
+                             "choose a tensor degree that divides the query heads")
+        heads = (None, "tensor", None)
+        return {"wq": heads, "wq_b": heads, "wkv_b": heads, "wo": ("tensor", None, None)}
+
+    @classmethod
+    def tensor_config(cls, cfg: ModelConfig, kind: str, tensor: int) -> dict:
+        """N / tensor heads per device; the latent (rank R) and its cache stay whole."""
+        if cfg.n_heads % tensor:
+            raise ValueError(f"tensor={tensor} does not divide n_heads={cfg.n_heads}: "
+                             "choose a tensor degree that divides the query heads")
+        # n_kv_heads is not read by MLA (its presets set it to N); kept a divisor of N / tensor
+        return {"n_heads": cfg.n_heads // tensor,
+                "n_kv_heads": math.gcd(cfg.n_heads // tensor, cfg.n_kv_heads)}
 
     @classmethod
     def init_cache(cls, cfg: ModelConfig, kind: str, batch: int, max_len: int) -> MLACache:
