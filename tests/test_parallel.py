@@ -3,8 +3,9 @@
 On 8 emulated CPU devices (tests/conftest.py). Two hybrid stacks hold every option set of
 every registered attention variant (as tests/test_golden.py's do), each ending in a MoE
 layer (with shared experts on one): the stack whose key/value heads split over two devices
-runs with tensor parallelism on 2 and 8 devices (2 x 2 x 2); MQA's single KV head does not
-split, so the other stack runs on 1 device and with expert parallelism on 4.
+runs on 8 (data x tensor x expert = 2 x 2 x 2); MQA's single KV head does not split, so the
+other stack runs on 1 device and with expert parallelism on 4; the tiny GQA model, a dense
+then a MoE layer, with tensor parallelism on 2.
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ STACKS = {
         linear_rule="mamba2", q_lora_rank=16, **MOE, first_dense_layers=2),
 }
 MESHES = {  # (data, tensor, expert): 1, 2, 4 and 8 devices between them
-    "every kind but mqa": [(1, 2, 1), (2, 2, 2)],
+    "every kind but mqa": [(2, 2, 2)],
     "mqa, mla absorbed, linear mamba2": [(1, 1, 1), (1, 1, 4)],
+    "gqa then moe": [(1, 2, 1)],
 }
+STACKS["gqa then moe"] = tiny(**MOE, first_dense_layers=1)  # the common case, tensor 2
 B, T, PROMPT = 8, 7, 4
 TOL = 1e-4
 
@@ -44,6 +47,7 @@ needs8 = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (emulated) d
 def test_the_stacks_hold_every_option_set():
     held = {refmodel.attention.label(cfg.replace(layer_pattern=None, attention=kind))
             for cfg in STACKS.values() for kind in cfg.layer_kinds}
+    assert {math.prod(m) for meshes in MESHES.values() for m in meshes} == {1, 2, 4, 8}
     assert held == set(OPTION_SETS), set(OPTION_SETS) - held
     for cfg in STACKS.values():
         assert "dense" in cfg.layer_ffns and "moe" in cfg.layer_ffns

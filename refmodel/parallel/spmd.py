@@ -45,6 +45,8 @@ def spmd(name: str, fn, graphdef, mesh):
         if cache:  # the cache arrives as its rules say
             cache = (jax.lax.with_sharding_constraint(
                 cache[0], jax.tree.map(lambda s: NamedSharding(mesh, s), c_specs)),)
+        # check_vma=False: a scan's carry made by jnp.zeros (linear attention's state) is not
+        # marked as varying over the batch axes while its update is, and the check refuses it
         out = jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
                             axis_names=set(MANUAL), check_vma=False)(state, x, *cache)
         whole = NamedSharding(mesh, rows)  # rows split, whole along every other axis
