@@ -19,6 +19,9 @@ from __future__ import annotations
 
 from flax import nnx
 
+from refmodel import attention
+from refmodel.model import Transformer
+from refmodel.model import init_cache as empty_cache
 from refmodel.parallel import comms, hlo
 from refmodel.parallel.mesh import AXES, BATCH, batch_ways, degrees, make_mesh
 from refmodel.parallel.rules import cache_specs, param_specs, place
@@ -32,16 +35,12 @@ def shard(model, mesh):
     """A copy of `model` whose parameters sit on `mesh` as their modules' rules say (the
     original is left as it was); refmodel's API calls on it run over the mesh. A degree that
     does not divide what it splits raises a ValueError naming the axis and the field."""
-    from refmodel.model import Transformer
-
     if not isinstance(model, Transformer):
         raise TypeError(f"shard takes a refmodel Transformer, got {type(model).__name__}")
     degrees(mesh)
     graphdef, state = nnx.split(model)
     for kind in dict.fromkeys(model.cfg.layer_kinds):  # the caches' rules, checked up front
         if kind != "none":
-            from refmodel import attention
-
             attention.get(kind).cache_sharding(model.cfg, kind, degrees(mesh))
     state = place(state, param_specs(model, state, mesh), mesh)
     out = nnx.merge(graphdef, state)
@@ -57,8 +56,6 @@ def shard_cache(cfg, cache, mesh):
 
 def init_cache(model, batch: int, max_len: int):
     """An empty cache for a sharded model, already split over its mesh."""
-    from refmodel.model import init_cache as empty
-
     if model.mesh is None:
-        return empty(model.cfg, batch, max_len)
-    return shard_cache(model.cfg, empty(model.cfg, batch, max_len), model.mesh)
+        return empty_cache(model.cfg, batch, max_len)
+    return shard_cache(model.cfg, empty_cache(model.cfg, batch, max_len), model.mesh)

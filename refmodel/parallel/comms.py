@@ -112,14 +112,11 @@ def collectives(cfg: ModelConfig, phase: str, batch: int, context: int, degrees,
     tp, ep = d["tensor"], d["expert"]
     act = BYTES[act_dtype or cfg.dtype]
     rows = n * cfg.d_model * act
-    out: list[Collective] = []
+    seen: dict[tuple, int] = {}  # (kind, axis, group, nbytes, op) -> how many, in order
 
     def add(kind, axis, group, nbytes, op):
-        for c in out:
-            if (c.kind, c.axis, c.nbytes, c.op) == (kind, axis, nbytes, op):
-                out[out.index(c)] = Collective(kind, axis, group, nbytes, op, c.count + 1)
-                return
-        out.append(Collective(kind, axis, group, nbytes, op))
+        key = (kind, axis, group, nbytes, op)
+        seen[key] = seen.get(key, 0) + 1
 
     for kind, ffn in zip(cfg.layer_kinds, cfg.layer_ffns, strict=True):
         if kind != "none" and phase != "decode_ffn" and tp > 1 and \
@@ -142,7 +139,7 @@ def collectives(cfg: ModelConfig, phase: str, batch: int, context: int, degrees,
             add("all-reduce", "tensor", tp, rows, "shared_experts")
     if phase in ("prefill", "decode") and _head_split(cfg, tp):
         add("all-gather", "tensor", tp, n * cfg.vocab_size * BYTES["float32"], "lm_head")
-    return out
+    return [Collective(*key, count=c) for key, c in seen.items()]
 
 
 def per_device(cfg: ModelConfig, phase: str, batch: int, context: int, degrees,
