@@ -65,6 +65,9 @@ COMMANDS: list[Command] = [
     Command("parallel", "tensor and expert parallelism on paper: when TP stops paying, EP's "
             "all-to-all vs expert weight bytes, from the cost model on spec chips",
             "microbench.commands.parallel"),
+    Command("decode", "the decode race: our step (XLA's products and the native kernel) vs "
+            "the C read, the GEMM and llama.cpp / transformers, in interleaved rounds",
+            "microbench.commands.decode"),
 ]
 
 

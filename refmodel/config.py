@@ -26,6 +26,7 @@ ROUTER_SCORES = ("softmax", "sigmoid")
 DTYPES = ("float32", "bfloat16", "float16")
 WEIGHT_FORMATS = ("none", "int8", "float8", "int4")  # refmodel/quant.py
 KV_FORMATS = ("none", "int8", "float8")
+MATMULS = ("xla", "output-major", "native")  # refmodel/kernels
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,10 @@ class ModelConfig:
     weight_format: str = "none"
     kv_format: str = "none"
     quant_activations: bool = False
+    # The weight products (refmodel/kernels): XLA's on the [K, N] weights as written, XLA's on
+    # weights stored output-major [N, K], or those plus the native kernel built for this CPU
+    # for 2-16 rows (float32 matrices; XLA keeps the rest and every GEMM of many rows).
+    matmul: str = "xla"
 
     def __post_init__(self):
         from refmodel import attention  # late import: the variants import this module
@@ -152,6 +157,11 @@ class ModelConfig:
         one_of("dtype", self.dtype, DTYPES)
         one_of("weight_format", self.weight_format, WEIGHT_FORMATS)
         one_of("kv_format", self.kv_format, KV_FORMATS)
+        one_of("matmul", self.matmul, MATMULS)
+        if self.matmul != "xla" and (self.dtype != "float32" or self.weight_format != "none"):
+            raise ValueError(f"matmul={self.matmul!r} takes float32 weights; this config has "
+                             f"dtype={self.dtype!r}, weight_format={self.weight_format!r}: use "
+                             "matmul='xla', or dtype='float32' with weight_format='none'")
         if self.quant_activations and self.weight_format != "int8":
             raise ValueError(f"quant_activations=True needs weight_format='int8', not "
                              f"{self.weight_format!r}: the int8 x int8 -> int32 product")

@@ -94,6 +94,10 @@ class Transformer(nnx.Module):
             self.lm_head = param(rngs, (D, V), D, dtype)  # [D, V]
         if cfg.weight_format != "none":  # drawn in float, then quantized (refmodel/quant.py)
             quant.quantize_weights(self, cfg.weight_format, cfg.quant_activations)
+        if cfg.matmul != "xla":  # drawn in float, then stored output-major (refmodel/kernels)
+            from refmodel import kernels
+
+            kernels.convert(self, native=cfg.matmul == "native")
 
     def sharding(self, mesh_shape: dict) -> dict[str, tuple]:
         """The LM head split by vocabulary over "tensor" (refmodel.parallel; every device then

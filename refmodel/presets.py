@@ -42,6 +42,11 @@ _add(ModelConfig(name="medium", vocab_size=32000, d_model=1024, n_layers=20, n_h
                  sparse_top_k=256, indexer_heads=4, indexer_dim=64, linear_k_heads=8,
                  linear_v_heads=16, linear_key_dim=64, linear_value_dim=64, linear_chunk=64))
 
+# The shape of issue 18's race with llama.cpp: a Llama of ~309M parameters (1.23 GB in float32),
+# plain GQA + SwiGLU, the architecture every CPU engine runs, so the same weights load in both.
+_add(ModelConfig(name="llama-309m", vocab_size=32000, d_model=1024, n_layers=16, n_heads=16,
+                 n_kv_heads=4, d_ff=4096))
+
 # Byte-level models trained here on the Python standard library's source (refmodel/training):
 # vocabulary 257 = 256 bytes + BOS. The target is ~9.6M parameters (38 MB in float32, more than
 # a 32 MiB last-level cache: its batch-1 decode streams from DRAM, as a real model's does); the

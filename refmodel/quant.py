@@ -195,8 +195,9 @@ def _reduce(w: Quantized, x: jax.Array) -> jax.Array:
 
 
 def dense(w) -> jax.Array:
-    """A weight as a float array: dequantized if quantized (for einsum products)."""
-    return w.dequantize() if isinstance(w, Quantized) else w
+    """A weight as a float array in its declared layout, for einsum products: dequantized if
+    quantized, transposed back if stored output-major for a native kernel."""
+    return w.dequantize() if hasattr(w, "dequantize") else w
 
 
 def matrices(module: nnx.Module) -> dict[str, tuple[int, int]]:

@@ -151,7 +151,7 @@ def test_every_figure_redraws_from_the_committed_data_without_jax(tmp_path):
 
 # plots/ modules in dependency order: each imports only modules before it (no cycle).
 PLOTS_ORDER = ("common", "roofline", "hierarchy", "claims", "points", "sweeps", "breakdown",
-               "serving", "simulate", "speculative", "quant", "collectives", "parallel")
+               "serving", "simulate", "speculative", "quant", "collectives", "parallel", "decode")
 
 
 def test_plots_modules_import_only_earlier_ones():

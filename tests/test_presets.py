@@ -22,7 +22,7 @@ from refmodel import costs, presets
 from refmodel.model import Block
 
 RUNNABLE = ("tiny", "small", "medium", "bench", "byte-micro", "byte-draft", "byte-target",
-            "byte-target-moe")
+            "byte-target-moe", "llama-309m")
 REAL = tuple(n for n in presets.names() if n not in RUNNABLE)
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 def add_args(p) -> None:
     p.add_argument("--data", default="figures/data",
                    help="folder with peaks.json, phases.json (and serve.json, simulate.json, "
-                        "speculative.json, quant.json, collectives.json, parallel.json when "
-                        "present)")
+                        "speculative.json, quant.json, collectives.json, parallel.json, "
+                        "decode.json when present)")
     p.add_argument("--out", default="figures", help="output folder")
 
 
@@ -32,7 +32,8 @@ SAVED = {"simulate": ("microbench.plots.simulate", "draw_simulate", "simulate_su
          "quant": ("microbench.plots.quant", "draw_quant", "quant_summary"),
          "collectives": ("microbench.plots.collectives", "draw_collectives",
                          "collectives_summary"),
-         "parallel": ("microbench.plots.parallel", "draw_parallel", "parallel_summary")}
+         "parallel": ("microbench.plots.parallel", "draw_parallel", "parallel_summary"),
+         "decode": ("microbench.plots.decode", "draw_decode", "decode_summary")}
 
 
 def saved_figures(name: str, out_dir, data_dir) -> list[Path]:

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 
 # Config fields a checkpoint does not depend on (`fingerprint`).
-INFERENCE_ONLY = ("weight_format", "kv_format", "quant_activations")
+INFERENCE_ONLY = ("weight_format", "kv_format", "quant_activations", "matmul")
 
 
 @dataclass(frozen=True)

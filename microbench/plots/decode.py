@@ -1,0 +1,176 @@
+"""The decode race's figure (microbench.decode): step time per batch beside its roof, and the
+batch-1 ratios round by round.
+
+Left: our decode step per batch, XLA's products and the native kernel's (median over rounds,
+bars from the fastest to the slowest round), the roof time of the same step (the slower of
+bytes / C read and FLOPs / GEMM, per round), and the peers at batch 1. Right: each round's
+batch-1 ratios (speed over llama.cpp, bytes/s over the C read of the same round) with the
+targets: the drift of the machine is the spread of these lines, not hidden in a median.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from microbench.plots.common import PALETTE, save, styled
+from microbench.plots.serving import machine_name
+
+FILE = "decode.png"
+COLORS = {"xla": PALETTE[0], "output-major": PALETTE[5], "native": PALETTE[1],
+          "llama.cpp": PALETTE[2], "transformers": PALETTE[4], "roof": "0.3"}
+NAMES = {"xla": "ours: XLA, weights [K, N] as written",
+         "output-major": "ours: XLA, weights stored [N, K]",
+         "native": "ours: [N, K], native kernel for 2-16 rows"}
+SHORT = {"xla": "XLA [K, N]", "output-major": "XLA [N, K]", "native": "native kernel"}
+
+
+def _row(result: dict, program: str, batch: int) -> dict | None:
+    return next((r for r in result["table"] if r["program"] == program and r["batch"] == batch),
+                None)
+
+
+def title(result: dict) -> str:
+    """What batch 1 reached (share of the C read, speed over llama.cpp when it ran) and what
+    the largest batch reached (share of its roof), per program, from the table. At batch 1
+    the native program runs XLA's GEMV over [N, K] (the kernel takes 2-16 rows): it is a
+    second measurement of the output-major path and is not repeated in the title."""
+    parts, big = [], []
+    batches = result["setup"]["batches"]
+    for program in result["programs"]:
+        row = _row(result, program, 1)
+        if row is not None and row["over_read"] is not None and not (
+                program == "native" and "output-major" in result["programs"]):
+            text = f"{SHORT[program]} {row['over_read']:.2f} of the C read"
+            if row.get("over_llama.cpp") is not None:
+                text += f", {row['over_llama.cpp']:.2f}x llama.cpp"
+            parts.append(text)
+        last = _row(result, program, max(batches))
+        if max(batches) > 1 and last is not None and last["roof_fraction"] is not None:
+            big.append(f"{SHORT[program]} {last['roof_fraction']:.2f}")
+    lines = [f"Decode race, {result['model']} float32, context {result['setup']['context']}, "
+             f"{len(result['rounds'])} interleaved rounds"]
+    if parts:
+        lines.append("batch 1 (median of per-round ratios): " + "; ".join(parts))
+    if big:
+        lines.append(f"batch {max(batches)}, share of its roof: " + "; ".join(big))
+    return "\n".join(lines)
+
+
+@styled
+def decode_figure(result: dict):
+    fig = Figure(figsize=(13.0, 6.0), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    batches = result["setup"]["batches"]
+    for program in result["programs"]:
+        rows = [_row(result, program, b) for b in batches]
+        ms = [1e3 * r["step_s"] for r in rows]
+        lo, hi = [], []
+        for b, m in zip(batches, ms, strict=True):
+            pts = [1e3 * p["step_s"] for r in result["rounds"] for p in r["points"]
+                   if p["program"] == program and p["batch"] == b]
+            lo.append(m - min(pts))
+            hi.append(max(pts) - m)
+        left.errorbar(batches, ms, yerr=[lo, hi], marker="o", capsize=3,
+                      color=COLORS[program], label=NAMES[program])
+    roof = [1e3 * _row(result, result["programs"][0], b)["roof_s"] for b in batches]
+    left.plot(batches, roof, ls="--", color=COLORS["roof"],
+              label="roof: max(bytes / C read, FLOPs / GEMM), counted")
+    for name, p in result["peer_table"].items():
+        left.plot([1], [1e3 * p["step_s"]], marker="D", ls="none", ms=9,
+                  color=COLORS.get(name, "k"), label=f"{name} (batch 1)")
+    left.set_xscale("log", base=2)
+    left.set_xticks(batches, [str(b) for b in batches])
+    left.set_xlabel("batch (sequences decoded together)")
+    left.set_ylabel("decode step time (ms)")
+    left.set_ylim(bottom=0)
+    left.legend(fontsize=8, loc="upper left")
+    left.set_title("step time per batch (bars: fastest to slowest round)", fontsize=10)
+
+    rounds = [r["round"] + 1 for r in result["rounds"]]
+    t = result["targets"]
+    for program in result["programs"]:
+        pts = [next(p for p in r["points"] if p["program"] == program and p["batch"] == 1)
+               for r in result["rounds"]] if 1 in batches else []
+        if not pts:
+            continue
+        right.plot(rounds, [p["over_read"] for p in pts], marker="o", color=COLORS[program],
+                   label=f"{NAMES[program]}: bytes/s over the C read")
+        if all("llama.cpp" in p["speed_over"] for p in pts):
+            right.plot(rounds, [p["speed_over"]["llama.cpp"] for p in pts], marker="s",
+                       ls=":", color=COLORS[program],
+                       label=f"{NAMES[program]}: speed over llama.cpp")
+    right.axhline(t["vs_read"], color="0.5", lw=0.8, ls="--")
+    right.text(rounds[0], t["vs_read"], f" target {t['vs_read']} of the read", fontsize=8,
+               va="bottom", color="0.4")
+    right.axhline(t["vs_llamacpp"], color="0.5", lw=0.8, ls=":")
+    right.set_xticks(rounds)
+    right.set_xlabel("round")
+    right.set_ylabel("ratio, batch 1 (same round)")
+    right.set_ylim(bottom=0)
+    right.legend(fontsize=8, loc="lower left")
+    right.set_title("batch 1, round by round" + (
+        "\n(at 1 row native = XLA [N, K]: one program measured twice)"
+        if {"native", "output-major"} <= set(result["programs"]) else ""), fontsize=10)
+    fig.suptitle(title(result), fontsize=10)
+    fig.supxlabel(f"{machine_name(result.get('environment'))}; memory: "
+             f"{result['read_program']}, compute: {result['gemm_program']}",
+             fontsize=7, color="0.4")
+    return fig
+
+
+def draw_decode(result: dict, out_dir: str | Path) -> list[Path]:
+    """Write decode.png into out_dir; return its path in a list."""
+    if not isinstance(result, dict) or "table" not in result:
+        raise ValueError("not a decode-race result: expected a dict with a 'table'")
+    return [save(decode_figure(result), Path(out_dir) / FILE)]
+
+
+def _fmt(x, spec=".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _times(x) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def decode_summary(result: dict) -> str:
+    """The race as a markdown table, with the machine's drift and the targets."""
+    s = result["setup"]
+    lines = [f"# Decode race: {result['model']} ({result['params'] / 1e6:.0f}M parameters, "
+             f"float32), context {s['context']}, {len(result['rounds'])} interleaved rounds",
+             "",
+             f"Memory roof: {result['read_program']}, median "
+             f"{result['read']['median'] / 1e9:.1f} GB/s over rounds "
+             f"(spread {_fmt(result['read']['spread'] and 100 * result['read']['spread'], '.0f')}"
+             "%). Ratios are taken inside each round, then the median over rounds.", "",
+             "| ours | batch | step ms | bound | of roof | bytes/s over C read | vs llama.cpp |"
+             " vs transformers |", "|---|---|---|---|---|---|---|---|"]
+    for row in result["table"]:
+        lines.append(
+            f"| {row['program']} | {row['batch']} | {_fmt(row['step_s'] and 1e3 * row['step_s'])}"
+            f" | {row['bound']} | {_fmt(row['roof_fraction'])} | {_fmt(row['over_read'])} | "
+            f"{_times(row.get('over_llama.cpp'))} | {_times(row.get('over_transformers'))} |")
+    if result.get("products"):
+        p0 = result["products"][0]
+        lines += ["", f"The {p0['products']} weight products of a step alone "
+                  f"({p0['bytes'] / 1e9:.2f} GB), chained, per number of rows (weights as "
+                  "written, [K, N], or stored output-major, [N, K]):", "",
+                  "| rows | form | ms | bytes/s over C read |", "|---|---|---|---|"]
+        lines += [f"| {p['rows']} | {p['form']} | {_fmt(1e3 * p['seconds'])} | "
+                  f"{_fmt(p['over_read'])} |" for p in result["products"]]
+    for name, p in result["peer_table"].items():
+        lines.append(f"\n{name}: {_fmt(1e3 * p['step_s'])} ms per step at batch 1 (spread "
+                     f"{_fmt(p['step_spread'] and 100 * p['step_spread'], '.0f')}% over rounds)")
+    g = result.get("greedy_vs_llamacpp")
+    if g:
+        lines.append(f"\nGreedy tokens after a {g['prompt_len']}-token prompt: ours {g['ours']}, "
+                     f"llama.cpp {g['llama.cpp']}: {'equal' if g['equal'] else 'DIFFERENT'}.")
+    t = result["targets"]
+    lines.append(f"\nTargets (issue 18): batch 1 >= {t['vs_llamacpp']}x llama.cpp and >= "
+                 f"{t['vs_read']} of the C read; batches 2-8 >= {t['small_batch_roof']} of "
+                 "their roof.")
+    for why in result["skipped"]:
+        lines.append(f"- not run: {why}")
+    return "\n".join(lines)

@@ -1,0 +1,67 @@
+"""Native CPU kernels behind `jax.ffi`: the "kernels" layer of the inference stack.
+
+An inference engine is a model, a scheduler and, under both, kernels: the hand-written loops
+that make the step's few big operations run at the speed of the hardware (llama.cpp's ggml,
+vLLM's attention and GEMM kernels, FlashAttention). Here the one such operation that matters
+for a CPU decode step is the weight product with a few rows of activations: at batch 1 the
+step is a chain of matrix-vector products whose only job is to stream the weights from memory,
+and XLA:CPU's GEMV/few-row GEMM streams them below the memory's speed (issue 18's breakdown).
+
+`rows.cc` is that product in ~150 lines of C++; `build.py` compiles it for this machine on
+first use; `rows.py` wraps it as an XLA custom call (`jax.ffi.ffi_call`) and as a weight type
+(`OutputMajor`) that modules multiply with as they do with any weight. Choosing it is one
+config field: `refmodel.init(cfg.replace(matmul="native"))`, or `use_native(model)` for a
+model you already have. The pure-JAX path (`matmul="xla"`) stays the default, the fallback
+where no compiler is found, and the reference every kernel is tested against.
+"""
+
+from __future__ import annotations
+
+from flax import nnx
+
+from refmodel.kernels.build import load, why_not
+from refmodel.kernels.rows import FEW_ROWS, NATIVE_ROWS, OutputMajor, rows
+
+__all__ = ["FEW_ROWS", "NATIVE_ROWS", "OutputMajor", "available", "convert", "load", "rows",
+           "use_native", "why_not"]
+
+
+def available() -> bool:
+    """The native kernels build and load here (compiled on the first call)."""
+    return load()
+
+
+def convert(model: nnx.Module, native: bool = True) -> nnx.Module:
+    """Replace, in place, every float32 matrix [*lead, K, N] the modules declare (`MATRICES`)
+    by its `OutputMajor` form (native=False: multiplied by XLA only); other weights (quantized,
+    or products over several axes taken by einsum) stay as they are."""
+    from refmodel.quant import matrices
+
+    if native and not load():
+        raise RuntimeError(f"matmul='native' needs the native kernels, which are not available "
+                           f"here: {why_not()}; use matmul='xla'")
+    for _, module in nnx.iter_modules(model):
+        for name, (lead, contract) in matrices(module).items():
+            value = getattr(module, name)[...]
+            if (not isinstance(value, OutputMajor) and hasattr(value, "ndim")
+                    and contract == 1 and value.ndim == lead + 2):
+                setattr(module, name,
+                        nnx.Param(OutputMajor.of(value, lead, contract, native)))
+    return model
+
+
+def use_native(model: nnx.Module, matmul: str = "native") -> nnx.Module:
+    """A copy of `model` (matmul='xla') whose weights are stored output-major and multiplied as
+    `matmul` says: 'native' (the kernel for 2-16 rows) or 'output-major' (XLA only). Same
+    weights, same outputs to float rounding."""
+    import dataclasses
+
+    if model.cfg.matmul != "xla":
+        raise ValueError(f"the model's matmul is already {model.cfg.matmul!r}; convert the "
+                         "matmul='xla' model")
+    cfg = dataclasses.replace(model.cfg, matmul=matmul)
+    new = nnx.clone(model)
+    for _, module in nnx.iter_modules(new):
+        if hasattr(module, "cfg"):
+            module.cfg = cfg
+    return convert(new, native=matmul == "native")

@@ -1,0 +1,164 @@
+"""The native few-rows kernel (refmodel/kernels): against numpy, as a weight type on both of
+its paths, as a model (golden test on a stack of every attention kind and a MoE, equal to the
+XLA model's logits and greedy tokens), and its refusals and fallback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import assert_logits_close, incremental_logits, tiny, tokens
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import refmodel
+from refmodel import kernels
+from refmodel.kernels import build
+
+pytestmark = pytest.mark.skipif(not kernels.available(),
+                                reason=f"native kernels not built: {build.why_not()}")
+
+
+@settings(max_examples=12, deadline=None)
+@given(m=st.integers(1, 11), k=st.integers(1, 150), n=st.integers(1, 70),
+       seed=st.integers(0, 2**16))
+def test_rows_equals_numpy(m, k, n, seed):
+    """Every tail: rows of x past a multiple of 4, K past a multiple of the vector width, an
+    odd N and N past a chunk of 16. Float32 sums in another order: within 1e-5 of the scale."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    oracle = x.astype(np.float64) @ w.T.astype(np.float64)
+    got = np.asarray(kernels.rows(jnp.asarray(x), jnp.asarray(w)))
+    np.testing.assert_allclose(got, oracle, rtol=1e-5, atol=1e-5 * np.sqrt(k))
+
+
+def test_rows_refuses_other_dtypes_and_shapes():
+    x, w = jnp.ones((2, 8)), jnp.ones((3, 8))
+    with pytest.raises(ValueError, match="float32"):
+        kernels.rows(x.astype(jnp.bfloat16), w)
+    with pytest.raises(ValueError, match="one K"):
+        kernels.rows(x, jnp.ones((3, 9)))
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("rows", [1, 3, kernels.FEW_ROWS, kernels.FEW_ROWS + 5])
+def test_output_major_weight_is_a_drop_in(rows, native):
+    """x @ OutputMajor(w) == x @ w on every path (XLA's GEMV for 1 row, the kernel for 2-16,
+    XLA's GEMM above; XLA only with native=False), for each matrix of a stack of three;
+    dequantize() gives w back."""
+    rng = np.random.default_rng(rows)
+    w = jnp.asarray(rng.standard_normal((3, 70, 24)), jnp.float32)  # [E, K, N]
+    x = jnp.asarray(rng.standard_normal((1, rows, 70)), jnp.float32)  # [B, T, K]
+    om = kernels.OutputMajor.of(w, lead=1, native=native)
+    np.testing.assert_array_equal(np.asarray(om.dequantize()), np.asarray(w))
+    for e in range(3):
+        got = x @ om[...][e]
+        assert got.shape == (1, rows, 24)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(x @ w[e]), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="float32"):
+        kernels.OutputMajor.of(w.astype(jnp.bfloat16), lead=1)
+
+
+# One layer of every registered attention kind, a dense FFN and a MoE: every product a model
+# makes with `x @ w` (projections, FFNs, experts, LM head) goes through the kernel, the
+# einsum products of 3-D weights stay XLA's.
+EVERY_KIND = tiny(layer_pattern=refmodel.attention.registered(),
+                  n_layers=len(refmodel.attention.registered()), ffn_pattern=("dense", "moe"))
+
+
+# The output-major model differs from the XLA one only in how x @ w is written (every kind's
+# own code is the same), so a dense GQA layer and a MoE layer (stacked experts) cover it.
+GOLDEN = {"native": EVERY_KIND,
+          "output-major": tiny(attention="gqa", n_layers=2, ffn_pattern=("dense", "moe"))}
+
+
+@pytest.mark.parametrize("matmul", GOLDEN)
+def test_model_is_golden_and_equals_the_xla_model(matmul):
+    """Prefill in chunks (6 rows: the kernel; 18 rows: XLA's GEMM) then token-by-token decode
+    at batch 2 (the kernel), equal the XLA model's full forward over the same tokens to
+    float32 rounding, and pick the same greedy token at every position; so does the
+    output-major model, all XLA. (The XLA model's own golden test is test_golden's.)"""
+    cfg = GOLDEN[matmul]
+    xla = refmodel.init(cfg, seed=0)
+    other = kernels.use_native(xla, matmul)
+    assert other.cfg.matmul == matmul and xla.cfg.matmul == "xla"
+    toks = tokens(cfg, 2, 2 * cfg.window + 3, seed=1)
+    got, want = incremental_logits(other, toks, [3, cfg.window + 1]), refmodel.forward(xla, toks)
+    assert_logits_close(got, want)
+    np.testing.assert_array_equal(np.asarray(got.argmax(-1)), np.asarray(want.argmax(-1)))
+
+
+@pytest.mark.parametrize("matmul, batch, calls", [("native", 2, 7 * 2 + 1), ("native", 1, 0),
+                                                  ("output-major", 2, 0)])
+def test_the_kernel_runs_where_it_should(matmul, batch, calls):
+    """No silent fallback: a native decode step at batch 2 holds one custom call per `x @ w`
+    product (dense GQA layer: q, k, v, o, gate, up, down; plus the LM head); at batch 1, and
+    with matmul='output-major', none (XLA's GEMV over the output-major weight)."""
+    cfg = tiny(attention="gqa", n_layers=2)
+    model = refmodel.init(cfg.replace(matmul=matmul), seed=0)
+    phases = refmodel.Phases(model)
+    text = phases.jitted["decode"].lower(*phases.example_args("decode", batch, 8)).as_text()
+    assert text.count(build.TARGETS["RowsF32"]) == calls
+
+
+def test_config_refuses_native_where_it_cannot_run():
+    with pytest.raises(ValueError, match="matmul='gpu'.*xla"):
+        tiny(matmul="gpu")
+    with pytest.raises(ValueError, match="matmul='native' takes float32.*bfloat16"):
+        tiny(matmul="native", dtype="bfloat16")
+    with pytest.raises(ValueError, match="matmul='output-major' takes float32"):
+        tiny(matmul="output-major", dtype="float16")
+    with pytest.raises(ValueError, match="weight_format='int8'"):
+        tiny(matmul="native", weight_format="int8")
+
+
+def test_without_a_compiler_the_model_stays_xla_and_native_says_why(tmp_path):
+    """A machine with no C++ compiler: load() is False with the reason, matmul='native' raises
+    it, the default model runs (in a child: the build is cached per process)."""
+    code = ("import refmodel; from refmodel import kernels, presets\n"
+            "print(kernels.available(), kernels.why_not())\n"
+            "refmodel.forward(refmodel.init(presets.get('tiny')), [[1, 2, 3]])\n"
+            "try:\n    refmodel.init(presets.get('tiny').replace(matmul='native'))\n"
+            "except RuntimeError as e:\n    print('refused:', e)\n")
+    env = {**os.environ, "PATH": str(tmp_path), "CXX": "",
+           "REFMODEL_KERNEL_CACHE": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    first, refused = out.stdout.strip().splitlines()
+    assert first == "False no C++ compiler on PATH (set CXX, or install g++ or clang++)"
+    assert refused.startswith("refused: matmul='native' needs the native kernels")
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_broken_build_is_reported_not_loaded(tmp_path, monkeypatch):
+    """A compiler that fails: no library is left in the cache (nothing half-written)."""
+    fake = tmp_path / "fakecxx"
+    fake.write_text("#!/bin/sh\n[ \"$1\" = --version ] && echo fake 1.0 && exit 0\n"
+                    "echo 'error: no' >&2; exit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("REFMODEL_KERNEL_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(RuntimeError, match="failed"):
+        build.build(str(fake))
+    assert list((tmp_path / "cache").iterdir()) == []
+
+
+def test_jit_and_eager_agree():
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 33)), jnp.float32)
+    w = jnp.asarray(np.random.default_rng(1).standard_normal((5, 33)), jnp.float32)
+    np.testing.assert_array_equal(np.asarray(jax.jit(kernels.rows)(x, w)),
+                                  np.asarray(kernels.rows(x, w)))
+
+
+def test_sharding_refuses_output_major_weights():
+    from refmodel import parallel
+
+    model = refmodel.init(tiny(matmul="output-major"), seed=0)
+    with pytest.raises(ValueError, match="shard takes matmul='xla' models.*'output-major'"):
+        parallel.shard(model, parallel.make_mesh(1, 1, 1))
