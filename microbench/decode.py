@@ -167,8 +167,8 @@ def measure(setup: Setup, progress=lambda what: None) -> dict:
     if "native" not in programs:
         skipped.append(f"native kernels: {kernels.why_not()}")
     if not native.available():
-        raise RuntimeError("the decode race needs the C read peer (a C compiler): the memory "
-                           "roof is what it measures")
+        raise ValueError("the decode race needs the C read peer, built with gcc (not found): "
+                         "the memory roof every ratio divides by is what it measures")
     n = main_array_floats()
     reader = native.Server(n, None)
     numpy_peer = NumpyPeer(setup.gemm, 1 << 20)

@@ -12,7 +12,8 @@
 //
 // Inner loop: R rows of w against B <= 4 rows of x (R = 4 for B <= 2, else 2), R + B loads
 // per R x B fused multiply-adds, at least 8 independent accumulators; more than four rows of
-// x re-read the chunk's rows of w from L2. Vectors are GCC vector extensions of the widest
+// x re-read the same block of w from L1 (`chunk`, below). refmodel/kernels/rows.py says which
+// rows go here (2-16) and which stay XLA's, with the measurements behind it. Vectors are GCC vector extensions of the widest
 // native width (the same idiom as microbench/native.py's STREAM kernels); -march=native picks
 // AVX-512, AVX2 or SSE at build time, and -ffp-contract=fast makes each `a += v * x` one FMA.
 #include <algorithm>
@@ -46,8 +47,8 @@ static inline float hsum(vec v) {
 
 // Rows n0 .. n0 + R of w against rows m0 .. m0 + B of x (B <= MB): R x B dot products, each
 // with U partial sums so that at least 8 independent FMA chains hide the FMA latency (two
-// FMA units x four cycles) even at batch 1.
-// `len` inputs from x and w (a block of K; rows are `ld` apart); the sums are added to y.
+// FMA units x four cycles) even for one row of x. `len` inputs from x and w (a block of K;
+// rows are `ld` apart); the sums are added to y. `next`: R rows of w to prefetch meanwhile.
 template <int R, int B>
 static void tile(const float* x, const float* w, float* y, int64_t len, int64_t ld, int64_t N,
                  int64_t n0, int64_t m0, const float* next = nullptr) {
@@ -106,7 +107,6 @@ static void chunk(const float* x, const float* w, float* y, int64_t M, int64_t K
   const int64_t n0 = c * CHUNK, n1 = std::min(N, n0 + CHUNK);
   for (int64_t m = 0; m < M; m++)
     for (int64_t n = n0; n < n1; n++) y[m * N + n] = 0.0f;
-  // a block of x (M x kb floats) of at most 16 KiB, whole vectors, 256 to 1024 inputs
   for (int64_t k0 = 0; k0 < K; k0 += KB) {
     const int64_t len = std::min(KB, K - k0);
     for (int64_t n = n0; n < n1; n += 4) {
