@@ -111,16 +111,18 @@ def test_rollback_equals_a_run_that_never_saw_the_rejected_tokens(stack):
     np.testing.assert_array_equal(rolled.pos, [12, 14])
     nxt = jnp.asarray([[5], [7]], jnp.int32)
     logits, _ = _run(g, False, state, nxt, rolled)
+    # the runs that never saw the rejected tokens: both rows fed the first n tokens of their
+    # chunk, for each row's n (batch 2 throughout: the shapes compiled above, and one more)
     for b in range(2):
         n = int(keep[b])
-        start = jax.tree.map(lambda a, b=b: a[b:b + 1], before)  # the prompt, row b alone
-        _, clean = _run(g, False, state, chunk[b:b + 1, :n], start)
+        _, clean = _run(g, False, state, chunk[:, :n], before)
         row = jax.tree.map(lambda a, b=b: a[b:b + 1], rolled)
+        clean_row = jax.tree.map(lambda a, b=b: a[b:b + 1], clean)
         for got, want in zip(jax.tree.leaves(_live(row, max_len, 11 + n)),
-                             jax.tree.leaves(_live(clean, max_len, 11 + n)), strict=True):
+                             jax.tree.leaves(_live(clean_row, max_len, 11 + n)), strict=True):
             np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
-        want_logits, _ = _run(g, False, state, nxt[b:b + 1], clean)
-        np.testing.assert_allclose(logits[b], want_logits[0], rtol=1e-4, atol=1e-4)
+        want_logits, _ = _run(g, False, state, nxt, clean)
+        np.testing.assert_allclose(logits[b], want_logits[b], rtol=1e-4, atol=1e-4)
 
 
 # Chi-square critical value for 4 degrees of freedom at a false-failure rate of 0.1%
