@@ -137,10 +137,11 @@ def _times(x) -> str:
 
 def decode_summary(result: dict) -> str:
     """The race as a markdown table, with the machine's drift and the targets."""
-    s = result["setup"]
+    s, env = result["setup"], result.get("environment") or {}
     lines = [f"# Decode race: {result['model']} ({result['params'] / 1e6:.0f}M parameters, "
              f"float32), context {s['context']}, {len(result['rounds'])} interleaved rounds",
-             "",
+             "", f"`python -m microbench decode` on {machine_name(env)}"
+             f"{', ' + env['date_utc'] if env.get('date_utc') else ''}.", "",
              f"Memory roof: {result['read_program']}, median "
              f"{result['read']['median'] / 1e9:.1f} GB/s over rounds "
              f"(spread {_fmt(result['read']['spread'] and 100 * result['read']['spread'], '.0f')}"
