@@ -101,6 +101,7 @@ class _Ours:
         models = {"xla": base}
         for p in programs[1:]:
             models[p] = kernels.use_native(base, p)
+        self.models = models
         self.phases = {p: refmodel.Phases(m) for p, m in models.items()}
         self.setup = setup
         self._chains = {}
@@ -116,14 +117,18 @@ class _Ours:
         from refmodel import kernels
         from refmodel.quant import matrices
 
-        kn = [getattr(m, n)[...] for _, m in nnx.iter_modules(self.model)
-              for n in matrices(m) if getattr(getattr(m, n)[...], "ndim", 0) == 2]
+        def weights(model) -> list:  # the 2-D matrices, in module order; OutputMajor -> [N, K]
+            ws = [getattr(m, n)[...] for _, m in nnx.iter_modules(model) for n in matrices(m)]
+            ws = [getattr(w, "w", w) for w in ws]
+            return [w for w in ws if getattr(w, "ndim", 0) == 2]
+
+        kn = weights(self.models["xla"])
         forms = {"xla [K, N]": (lambda x, w: x @ w, 0, kn)}
-        if "output-major" in self.phases:
-            nk = [jnp.swapaxes(w, 0, 1) for w in kn]
+        if "output-major" in self.models:  # its weights are already stored [N, K]
+            nk = weights(self.models["output-major"])
             forms["xla [N, K]"] = (lambda x, w: jax.lax.dot_general(
                 x, w, (((1,), (1,)), ((), ()))), 1, nk)
-            if "native" in self.phases:
+            if "native" in self.models:
                 forms["native [N, K]"] = (kernels.rows, 1, nk)
         out = []
         for form, (product, k_axis, ws) in forms.items():
