@@ -105,6 +105,8 @@ def decode_figure(result: dict):
     right.text(rounds[0], t["vs_read"], f" target {t['vs_read']} of the read", fontsize=8,
                va="bottom", color="0.4")
     right.axhline(t["vs_llamacpp"], color="0.5", lw=0.8, ls=":")
+    right.text(rounds[0], t["vs_llamacpp"], f" target {t['vs_llamacpp']}x llama.cpp",
+               fontsize=8, va="bottom", color="0.4")
     right.set_xticks(rounds)
     right.set_xlabel("round")
     right.set_ylabel("ratio, batch 1 (same round)")
