@@ -15,7 +15,7 @@ from microbench import breakdown as bd
 from microbench import cli
 from microbench.plots import breakdown as breakdown_plot
 from microbench.points import Budget
-from refmodel import costs
+from refmodel import costs, kernels
 
 FAST = Budget(budget_s=0.05, min_samples=2, min_sample_s=1e-4)
 # Counted ops XLA may fuse into a neighbour's kernel on the tiny model: the embedding gather
@@ -67,6 +67,20 @@ def test_times_positive_and_parts_sum_to_the_whole(result):
     assert total == pytest.approx(1.0)
     assert result["attributed_s"] + result["unattributed_s"] == pytest.approx(whole)
     assert result["trace"]["calls"] == 2
+
+
+@pytest.mark.skipif(not kernels.available(), reason="native kernels not built")
+def test_native_products_are_found_under_their_ops(tmp_path):
+    """`breakdown --matmul native`: at batch 2 every weight product is the kernel's custom
+    call, and each is attributed to the op that counts it (not left unattributed)."""
+    cfg = refmodel.presets.get("tiny").replace(matmul="native")
+    res = bd.measure_breakdown(refmodel.Phases(refmodel.init(cfg, seed=0)), "decode", 2, 8,
+                               calls=2, timing=FAST, out=tmp_path)
+    rows = {r["op"]: r for r in res["rows"]}
+    per_layer = {"qkv_proj": 3, "out_proj": 1, "ffn_up": 2, "ffn_down": 1}
+    for op, n in {**{k: v * cfg.n_layers for k, v in per_layer.items()}, "lm_head": 1}.items():
+        calls = [k for k in rows[op]["kernels"] if k.startswith("ffi_call")]
+        assert len(calls) == n, (op, rows[op]["kernels"])
 
 
 def test_json_round_trips_and_the_figure_draws_from_it(result, tmp_path):

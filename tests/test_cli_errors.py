@@ -101,6 +101,12 @@ def test_breakdown_refuses_a_batch_too_big_for_memory(tmp_path, no_measuring, ca
     assert "--batch 1000000000000" in err and "needs about" in err
 
 
+def test_breakdown_refuses_an_unknown_matmul(tmp_path, no_measuring, capsys):
+    err = one_line_error(["breakdown", "--model", "tiny", "--matmul", "gpu",
+                          "--out", str(tmp_path)], capsys)
+    assert "--matmul 'gpu'" in err and "'native'" in err and "'output-major'" in err
+
+
 # Device files: size, depth, fields, shadowing, names on the terminal ------------------------
 
 @pytest.fixture

@@ -24,18 +24,32 @@ pytestmark = pytest.mark.skipif(not kernels.available(),
                                 reason=f"native kernels not built: {build.why_not()}")
 
 
-@settings(max_examples=12, deadline=None)
-@given(m=st.integers(1, 11), k=st.integers(1, 150), n=st.integers(1, 70),
+@settings(max_examples=16, deadline=None)
+@given(m=st.integers(1, 17), k=st.integers(1, 150), n=st.integers(1, 300),
        seed=st.integers(0, 2**16))
 def test_rows_equals_numpy(m, k, n, seed):
-    """Every tail: rows of x past a multiple of 4, K past a multiple of the vector width, an
-    odd N and N past a chunk of 16. Float32 sums in another order: within 1e-5 of the scale."""
+    """Every tail: rows of x past a pass (4 with AVX2, 8 with AVX-512) and a second pass, K past
+    a multiple of the vector width, an odd N, N past a tile, a chunk of 16 and a thread's share
+    of several chunks. Float32 sums in another order: within 1e-5 of the scale."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((m, k)).astype(np.float32)
     w = rng.standard_normal((n, k)).astype(np.float32)
     oracle = x.astype(np.float64) @ w.T.astype(np.float64)
     got = np.asarray(kernels.rows(jnp.asarray(x), jnp.asarray(w)))
     np.testing.assert_allclose(got, oracle, rtol=1e-5, atol=1e-5 * np.sqrt(k))
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 9, 16, 17])
+def test_rows_every_pass_and_tile(m):
+    """Each tile the kernel has (1-8 rows of x per pass, 1-4 rows of w per tile) and a second
+    and third pass, on a K with a vector tail and an N of 333: tails of tiles, chunks and of
+    the threads' shares, deterministically (the property test above samples them)."""
+    rng = np.random.default_rng(m)
+    x = rng.standard_normal((m, 100)).astype(np.float32)
+    w = rng.standard_normal((333, 100)).astype(np.float32)
+    oracle = x.astype(np.float64) @ w.T.astype(np.float64)
+    got = np.asarray(kernels.rows(jnp.asarray(x), jnp.asarray(w)))
+    np.testing.assert_allclose(got, oracle, rtol=1e-5, atol=1e-4)
 
 
 def test_rows_refuses_other_dtypes_and_shapes():
@@ -91,7 +105,10 @@ def test_model_is_golden_and_equals_the_xla_model(matmul):
     assert other.cfg.matmul == matmul and xla.cfg.matmul == "xla"
     toks = tokens(cfg, 2, 2 * cfg.window + 3, seed=1)
     got, want = incremental_logits(other, toks, [3]), refmodel.forward(xla, toks)
-    assert_logits_close(got, want)
+    # The kernel sums each dot product in its own order (vector partial sums over all of K),
+    # XLA in another: through this many layers the logits differ by up to ~1e-5 (1.05e-5 seen
+    # for 1 of 9728 on a Zen 4), so the bound is 3e-5; the greedy tokens must be identical.
+    assert_logits_close(got, want, tol=3e-5)
     np.testing.assert_array_equal(np.asarray(got.argmax(-1)), np.asarray(want.argmax(-1)))
 
 

@@ -18,6 +18,8 @@ def add_args(p) -> None:
     p.add_argument("--attention", help="override the preset's attention kind (any registered "
                    "kind: refmodel.attention.registered())")
     p.add_argument("--mla-absorb", action="store_true", help="MLA with weight absorption")
+    p.add_argument("--matmul", help="how the weight products run: xla (default), output-major "
+                   "or native (refmodel.kernels; ModelConfig.matmul)")
     p.add_argument("--calls", type=int, default=5, help="traced calls (default 5)")
     p.add_argument("--budget", type=float, default=1.0,
                    help="seconds to time the whole phase (default 1)")
@@ -43,6 +45,8 @@ def check_args(args) -> None:
     kinds = refmodel.attention.registered()
     if args.attention is not None and args.attention not in kinds:
         raise ValueError(f"--attention {args.attention!r}: choose one of {list(kinds)}")
+    if args.matmul is not None and args.matmul not in refmodel.config.MATMULS:
+        raise ValueError(f"--matmul {args.matmul!r}: choose one of {list(refmodel.config.MATMULS)}")
     cfg = config(args)
     need = refmodel.costs.param_counts(cfg)["total"] * (2 if "16" in cfg.dtype else 4)
     have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -71,6 +75,8 @@ def config(args):
         changes["attention"] = args.attention
     if args.mla_absorb:
         changes["mla_absorb"] = True
+    if args.matmul:
+        changes["matmul"] = args.matmul
     return dataclasses.replace(cfg, **changes) if changes else cfg
 
 

@@ -3,16 +3,21 @@
 `OutputMajor` holds a float32 weight of `shape` = lead + (K,) + (N...) stored as w [*lead, N, K]
 (each output's K inputs contiguous: the layout ggml/llama.cpp use for the same reason), and is
 a drop-in for the weight in `x @ w`. It is a pytree like `quant.Quantized`, so modules are
-unchanged: they write `x @ self.w_up[...]` either way. Which code multiplies (measured on the
-2-core Zen 3, 113 chained products of llama-309m's shapes, 1.10 GB, interleaved rounds):
+unchanged: they write `x @ self.w_up[...]` either way. Which code multiplies (113 chained
+products of llama-309m's shapes, 1.10 GB, in the interleaved rounds of `python -m microbench
+decode`):
 
 - 1 row (batch-1 decode): XLA's GEMV over the output-major weight, `dot_general` contracting
-  the stored K axis: 47.6-53.6 ms, against 55.5-58.1 ms for the native kernel and 62-78 ms for
-  XLA's GEMV over the input-major [K, N] weight the model is written with (which ran a
-  [4096, 1024] product at 6-9 GB/s, a quarter of the memory's speed). The layout, not the
+  the stored K axis. On a 2-core Zen 3 it ran 47.6-53.6 ms against 55.5-58.1 ms for the first
+  native kernel and 62-78 ms for XLA's GEMV over the input-major [K, N] weight the model is
+  written with (a [4096, 1024] product at 6-9 GB/s, a quarter of the memory's speed); on a
+  2-core Zen 4, 39.0-40.3 ms against 36.6-38.2 ms for this kernel: about even. The layout, not the
   kernel, is the batch-1 fix, and XLA alone reaches it.
-- 2 to NATIVE_ROWS rows (small-batch decode, a speculative verify): the native kernel, 1.5-3x
-  XLA's few-row GEMM either way round (4 rows: 66.5-85.8 ms vs 138.7-197.6 ms).
+- 2 to NATIVE_ROWS rows (small-batch decode, a speculative verify): the native kernel. On the
+  Zen 4, rows 2 / 4 / 8 / 16: 40.1-42.1 / 41.0-44.7 / 58.5-58.8 / 102.6-108.9 ms, against
+  71.7-81.0 / 65.5-72.7 / 82.4-82.8 / 99.1-120.7 ms for XLA over [K, N] and 87.8-103.2 /
+  97.7-105.8 / 99.4-109.7 / 128.5-150.7 ms over [N, K] (two runs). On the Zen 3 the first
+  kernel ran 4 rows in 66.5-85.8 ms against 138.7-197.6 ms.
 - more (prefill): XLA's GEMM, which reads the transposed operand as it is.
 With `native=False` every product is XLA's (ModelConfig.matmul="output-major": the layout
 alone, the pure-JAX lesson).
@@ -27,9 +32,9 @@ from flax import struct
 from refmodel.kernels import build
 
 # Rows of x the native kernel takes (inclusive); outside, XLA (see the module docstring). At 16
-# rows the two were even on a 256 MB weight (33-37 ms vs 31-38 ms); at 32 the kernel led on a
-# cache-resident 16 MB one (4.0-4.3 vs 4.7-5.4 ms). Measured with /tmp-free code:
-# `python -m microbench decode` times the whole step; the products were timed alone in rounds.
+# rows the kernel and XLA's best form are even (Zen 4: 102.6 vs 120.7 ms in one run, 108.9 vs
+# 99.1 in the next; Zen 3, the first kernel, 256 MB weight: 33-37 ms vs 31-38 ms).
+# `python -m microbench decode` times the products alone at 1, 2, 4, 8 and 16 rows each round.
 NATIVE_ROWS = (2, 16)
 FEW_ROWS = NATIVE_ROWS[1]
 
