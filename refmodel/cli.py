@@ -100,10 +100,40 @@ def train(names: list[str], fresh: bool = False, progress: bool = True) -> list:
     return results
 
 
+def kernels_report() -> tuple[str, int]:
+    """Build (or find) the native kernels for this CPU and check them against numpy: the text
+    and the exit status (1 when they are not available or a check fails)."""
+    import numpy as np
+
+    from refmodel import kernels
+    from refmodel.kernels import build
+
+    if not kernels.available():
+        return (f"native kernels: not available here: {kernels.why_not()}\n"
+                "the model's products stay XLA's (matmul='xla')"), 1
+    cxx = build.compiler()
+    lines = [f"native kernels: {build.library_path(cxx)}",
+             f"built by {build._version(cxx)} with {' '.join(build.FLAGS)}"]
+    rng = np.random.default_rng(0)
+    worst = 0.0
+    for m, k, n in ((1, 1024, 300), (2, 100, 37), (8, 4096, 64), (17, 7, 5)):  # x [M, K], w [N, K]
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        w = rng.standard_normal((n, k)).astype(np.float32)
+        want = x.astype(np.float64) @ w.T.astype(np.float64)
+        got = np.asarray(kernels.rows(x, w), np.float64)
+        worst = max(worst, float(np.abs(got - want).max() / np.abs(want).max()))
+    ok = worst < 1e-5
+    lines.append(f"rows(x, w) against numpy on 4 shapes (1-17 rows): largest error "
+                 f"{worst:.1e} of the largest output: {'ok' if ok else 'FAILED (> 1e-5)'}")
+    return "\n".join(lines), 0 if ok else 1
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m refmodel", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("presets", help="list the presets: parameters and KV bytes per token")
+    sub.add_parser("kernels", help="build the native kernels for this CPU (refmodel.kernels) "
+                                   "and check them against numpy, or say why they cannot be")
     t = sub.add_parser("train", help="train byte-level models on the Python standard library "
                                      "(checkpoints cached per user; resumes a stopped run)")
     t.add_argument("--recipe", nargs="+", default=list(DEFAULT_RECIPES),
@@ -138,6 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "presets":
             print(presets_table())
+        elif args.command == "kernels":
+            text, status = kernels_report()
+            print(text)
+            return status
         elif args.command == "train":
             train(args.recipe, fresh=args.fresh, progress=not args.quiet)
         elif args.check:

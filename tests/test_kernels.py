@@ -143,16 +143,30 @@ def test_without_a_compiler_the_model_stays_xla_and_native_says_why(tmp_path):
             "print(kernels.available(), kernels.why_not())\n"
             "refmodel.forward(refmodel.init(presets.get('tiny')), [[1, 2, 3]])\n"
             "try:\n    refmodel.init(presets.get('tiny').replace(matmul='native'))\n"
-            "except RuntimeError as e:\n    print('refused:', e)\n")
+            "except RuntimeError as e:\n    print('refused:', e)\n"
+            "from refmodel import cli\ntext, status = cli.kernels_report()\n"
+            "print(status, text.splitlines()[0])\n")
     env = {**os.environ, "PATH": str(tmp_path), "CXX": "",
            "REFMODEL_KERNEL_CACHE": str(tmp_path / "cache")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    first, refused = out.stdout.strip().splitlines()
+    first, refused, command = out.stdout.strip().splitlines()
     assert first == "False no C++ compiler on PATH (set CXX, or install g++ or clang++)"
     assert refused.startswith("refused: matmul='native' needs the native kernels")
+    assert command == "1 native kernels: not available here: no C++ compiler on PATH (set " \
+                      "CXX, or install g++ or clang++)"
     assert not (tmp_path / "cache").exists()
+
+
+def test_refmodel_kernels_command_builds_and_checks(capsys):
+    """`python -m refmodel kernels`: the library's path and a check against numpy, status 0."""
+    from refmodel import cli
+
+    assert cli.main(["kernels"]) == 0
+    out = capsys.readouterr().out
+    assert str(build.library_path(build.compiler())) in out
+    assert "against numpy" in out and out.strip().endswith(": ok")
 
 
 def test_a_broken_build_is_reported_not_loaded(tmp_path, monkeypatch):

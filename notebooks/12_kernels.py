@@ -1,0 +1,703 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 12 · The kernels layer: decode at the speed of memory on a CPU
+#
+# An inference engine is a model, a scheduler and, under both, **kernels**: the hand-written
+# loops that make a step's few big operations run at the speed of the hardware (llama.cpp's
+# ggml, vLLM's attention and GEMM kernels, FlashAttention). Notebook 02 showed that a decode
+# step is memory-bound; notebook 10 that a format only saves time if the product streams its
+# bytes. This notebook is about the one operation that decides a CPU decode step: the weight
+# product with a few rows of activations, and `refmodel.kernels`, the native C++ kernel for it
+# that JAX calls through `jax.ffi`.
+#
+# Six steps:
+#
+# 1. a decode step is a chain of weight products with few rows: llama-309m's bytes, FLOPs and
+#    intensity at batch 1 to 8, against this machine's ridge;
+# 2. the layout lesson: one row times a weight stored input-major [K, N] or output-major
+#    [N, K], timed here;
+# 3. few rows: XLA's two layouts and the kernel at 1 to 8 rows, against their roof;
+# 4. inside the kernel, and checks that it computes the right thing, alone and in a model;
+# 5. the committed race against llama.cpp (`figures/data/decode.json`) and its targets;
+# 6. what is left, and how to race your own machine.
+#
+# Shapes follow `refmodel/kernels/rows.py`: x [M, K] (M rows: the step's tokens), a weight
+# [K, N] as the model is written (K inputs, N outputs) or [N, K] stored output-major.
+
+# %%
+# %matplotlib inline
+import json
+import os
+import re
+import statistics
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from IPython.display import display
+from matplotlib.figure import Figure
+
+import refmodel
+from microbench import native, sysinfo
+from microbench.peaks import main_array_bytes
+from microbench.rounds import NumpyPeer
+from refmodel import costs, kernels, presets
+from refmodel.kernels import build
+
+# %%
+QUICK = os.environ.get("LAB_FULL", "0") != "1"  # parameter: LAB_FULL=1 for publication size
+MODEL, CONTEXT, BATCHES = "llama-309m", 128, (1, 2, 4, 8)  # step 1: the race's model, context
+K_W, N_W = 1024, 4096  # steps 2-3: a weight [K, N] of llama-309m's FFN shape, 16 MB in float32
+ROWS = (1, 2, 4, 8)  # rows of x timed in steps 2-3
+ROUNDS, REPEATS = (4, 3) if QUICK else (9, 5)  # interleaved timing rounds, calls per round
+GEMM = (1024,) * 3 if QUICK else (2048,) * 3  # numpy's GEMM, the compute roof
+LLC = max((c["size_bytes"] for c in sysinfo.cache_sizes()), default=32 << 20)
+# weights chained per call, at least 4x the last-level cache: 8 (128 MB) with a 32 MiB L3
+STACK = 32 if not QUICK else min(32, max(8, -(-4 * LLC // (4 * K_W * N_W))))
+READ_BYTES = max(128 << 20, 4 * LLC) if QUICK else main_array_bytes(LLC)  # the read's array
+DATA = Path("..") / "figures" / "data" if Path.cwd().name == "notebooks" else \
+    Path("figures") / "data"
+RACE_FILE = DATA / "decode.json"  # the committed race (step 5), written by microbench decode
+race = json.loads(RACE_FILE.read_text()) if RACE_FILE.exists() else None
+print(f"weights [{K_W}, {N_W}] x {STACK}, last-level cache {LLC / 2**20:.0f} MiB; {ROUNDS} "
+      f"rounds of {REPEATS} calls", "| quick" if QUICK else "| full")
+
+t0 = time.perf_counter()
+HAVE_KERNEL = kernels.available()  # compiles rows.cc on first use, then loads the cached build
+print(f"native kernels: {'available' if HAVE_KERNEL else 'NOT available'} "
+      f"({time.perf_counter() - t0:.1f} s to build or load)"
+      + ("" if HAVE_KERNEL else f": {kernels.why_not()}"))
+
+# %% [markdown]
+# ## Step 1 · A decode step is a chain of weight products with few rows
+#
+# A decode step feeds one token per sequence through the model: at batch $B$ every weight
+# matrix [K, N] is multiplied by an activation x [B, K] of only $B$ rows. The product reads the
+# whole weight, $4KN$ bytes in float32, and does $2BKN$ FLOPs, so its intensity is
+# $B/2$ FLOP/byte: 0.5 at batch 1. The step's other bytes (the KV cache, the activations) are
+# small at short context. Counted by `refmodel.costs.phase_costs` for llama-309m (309M
+# parameters, float32: the model of the committed race, counted here, never built), context
+# 128.
+#
+# Whether that is memory- or compute-bound depends on the machine's **ridge**: its FLOP rate
+# over its read bandwidth. Both are measured here as the race measures them: the read by
+# `microbench.native`'s all-core C read (a program with no compiler in the way; if gcc is
+# missing, XLA's `jnp.sum` over the same array, a lower bound), the FLOP rate by numpy's
+# GEMM in a child process (`microbench.rounds.NumpyPeer`).
+
+# %%
+class Roofs:
+    """This machine's read bandwidth (bytes/s) and GEMM rate (FLOP/s), measured on demand."""
+
+    def __init__(self):
+        self.server = native.Server(READ_BYTES // 4, None) if native.available() else None
+        if self.server is None:
+            self.array = jnp.ones(READ_BYTES // 4, jnp.float32)
+            self.sum = jax.jit(jnp.sum)
+            self.sum(self.array).block_until_ready()
+        self.read_label = (f"C read ({native.label(self.server.threads)})" if self.server
+                           else "jnp.sum (gcc not found: no C read)")
+        self.numpy = NumpyPeer(GEMM, 1 << 20, samples=3)
+
+    def read(self) -> float:
+        if self.server is not None:  # as microbench/decode.py's _read_bytes_per_s
+            c = self.server.stream(3)
+            return 4.0 * c["n"] / float(np.median(c["read"]))
+        ts = []
+        for _ in range(3):
+            t = time.perf_counter()
+            self.sum(self.array).block_until_ready()
+            ts.append(time.perf_counter() - t)
+        return READ_BYTES / min(ts)
+
+    def gemm(self) -> float:
+        m, k, n = GEMM
+        return 2.0 * m * k * n / float(np.median(self.numpy.measure()["gemm"]))
+
+    def close(self):
+        if self.server is not None:
+            self.server.close()
+        self.numpy.close()
+
+
+roofs = Roofs()
+read1, gemm1 = max(roofs.read(), roofs.read()), roofs.gemm()
+ridge = gemm1 / read1
+print(f"read {read1 / 1e9:.1f} GB/s ({roofs.read_label}); numpy GEMM "
+      f"{'x'.join(map(str, GEMM))} {gemm1 / 1e9:.0f} GFLOP/s; ridge {ridge:.1f} FLOP/byte")
+
+cfg309 = presets.get(MODEL)
+decode = {b: costs.phase_costs(cfg309, "decode", b, CONTEXT) for b in BATCHES}
+print(f"\n{MODEL}, decode at context {CONTEXT}, float32")
+print(f"{'batch':>5} {'GFLOP':>7} {'GB':>6} {'weights':>8} {'FLOP/B':>7} {'bound here':>10} "
+      f"{'roof ms':>8} {'tok/s at roof':>13}")
+for b, c in decode.items():
+    t_mem, t_flop = c["bytes"] / read1, c["flops"] / gemm1
+    print(f"{b:>5} {c['flops'] / 1e9:7.2f} {c['bytes'] / 1e9:6.3f} "
+          f"{c['weight_bytes'] / c['bytes']:8.1%} {c['intensity']:7.2f} "
+          f"{'memory' if t_mem >= t_flop else 'compute':>10} {1e3 * max(t_mem, t_flop):8.1f} "
+          f"{b / max(t_mem, t_flop):13.0f}")
+
+# %%
+# CHECK (counting): FLOPs grow exactly with the batch, the weight bytes not at all, so the
+# intensity grows almost in proportion (less, by the KV cache and activations each sequence
+# adds), from about 1/2 FLOP/byte at batch 1 (2 FLOPs per 4-byte weight).
+c1 = decode[1]
+assert 0.45 < c1["intensity"] < 0.55, c1["intensity"]
+for b, c in decode.items():
+    assert c["flops"] == b * c1["flops"], b
+    assert abs(c["weight_bytes"] / c1["weight_bytes"] - 1) < 1e-3, b
+    assert 0.9 * b * c1["intensity"] <= c["intensity"] <= b * c1["intensity"], b
+print("FLOPs x batch, weight bytes constant, intensity ~ batch x",
+      f"{c1['intensity']:.3f} FLOP/byte")
+
+# %%
+fig = Figure(figsize=(6.5, 3.8))
+ax = fig.subplots()
+xs = np.logspace(-1, 2, 200)
+ax.loglog(xs, np.minimum(gemm1, read1 * xs), color="k", lw=1, label="this machine's roof")
+ax.axvline(ridge, color="gray", ls=":", lw=1, label=f"ridge {ridge:.1f} FLOP/B")
+for b, c in decode.items():
+    ax.loglog(c["intensity"], min(gemm1, read1 * c["intensity"]), "o", label=f"batch {b}")
+ax.set_xlabel("FLOP / byte")
+ax.set_ylabel("attainable FLOP/s")
+ax.set_title(f"{MODEL} decode: batch {BATCHES[-1]} at {decode[BATCHES[-1]]['intensity']:.1f} "
+             f"FLOP/B, ridge {ridge:.1f}", fontsize=9)
+ax.legend(fontsize=7)
+display(fig)
+
+# %% [markdown]
+# A step at batch 1 to 8 reads the same weights (most of its bytes: the "weights" column)
+# and does 1 to 8 times the arithmetic: if the products ran at the memory's speed, batch 8
+# would cost little more than batch 1 where the table says "memory". Whether they do is a
+# property of the code that multiplies, measured next.
+#
+# ## Step 2 · The layout lesson
+#
+# `x @ w` with w [K, N] (input-major, how the model is written) computes each output $n$ as
+# $\sum_k x_k w_{k,n}$: a column of w, whose elements lie N floats apart. A GEMV over that
+# layout must either walk down columns or keep N partial sums and sweep the rows of w, adding
+# a multiple of each to all of them. Stored **output-major**, wt [N, K] (ggml and llama.cpp
+# store weights this way), each output is the dot product of x with one contiguous row of wt:
+# a core streams its own block of rows front to back, and one row of x stays in registers.
+# The expectation is that output-major reads closer to the memory's speed; how much closer is
+# a property of XLA's CPU code and of the machine, so it is measured, not assumed.
+#
+# Timed here: `x @ w`; `jax.lax.dot_general(x, wt, (((1,), (1,)), ((), ())))`, the same
+# product over the stored K axis of wt (what `matmul="output-major"` runs); and
+# `kernels.rows(x, wt)`, the native kernel. The rounds below time 1, 2, 4 and 8 rows of x
+# together; this step reads the 1-row column, step 3 the rest. A single 16 MB weight may sit in the
+# last-level cache, and a product repeated on it would time the cache, while a decode step
+# reads each weight once per step. So each call chains `STACK` different weights, each
+# product's input made from the last one's output (all of it, so no work can be dropped), as
+# `microbench/decode.py` chains a step's 113 products. Interleaved rounds, every form once per
+# round (the machine drifts: see the README's method section), the median over rounds.
+
+# %%
+rng = np.random.default_rng(0)
+ws = [jnp.asarray(rng.standard_normal((K_W, N_W), dtype=np.float32) * K_W**-0.5)
+      for _ in range(STACK)]  # [K, N] each
+wts = [jnp.swapaxes(w, 0, 1) for w in ws]  # [N, K] copies: what OutputMajor stores
+W_BYTES = sum(w.nbytes for w in ws)
+print(f"{STACK} weights [{K_W}, {N_W}]: {W_BYTES / 2**20:.0f} MiB per call, "
+      f"{W_BYTES / LLC:.1f}x the last-level cache")
+
+
+def chain(product):
+    """jit of x [M, K] through every weight in turn: y [M, N] folded to [M, K] by summing its
+    N / K slices (every output used), the next product's input."""
+
+    def run(x, ws):
+        for w in ws:
+            y = product(x, w)
+            x = y.reshape(x.shape[0], N_W // K_W, K_W).sum(axis=1) * (K_W / N_W) ** 0.5
+        return x
+
+    return jax.jit(run)
+
+
+XN, NK, KR = "XLA x @ w [K, N]", "XLA dot_general [N, K]", "kernels.rows [N, K]"
+FORMS = {XN: (chain(lambda x, w: x @ w), ws),
+         NK: (chain(lambda x, w: jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())))), wts)}
+if HAVE_KERNEL:
+    FORMS[KR] = (chain(kernels.rows), wts)
+else:
+    print(f"kernels.rows left out of steps 2-3: {kernels.why_not()}")
+
+
+def best_of(fn, args, n):
+    ts = []
+    for _ in range(n):
+        t = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        ts.append(time.perf_counter() - t)
+    return min(ts)
+
+
+xs = {m: jnp.asarray(np.random.default_rng(m).standard_normal((m, K_W)), jnp.float32)
+      for m in ROWS}  # x [M, K]
+outs = {(f, m): np.asarray(fn(xs[m], w)) for f, (fn, w) in FORMS.items()
+        for m in ROWS}  # compile and warm up
+secs, reads, gemms = {k: [] for k in outs}, [], []
+for _ in range(ROUNDS):  # per round: the read, numpy's GEMM, every form at every M, the read
+    read0 = roofs.read()
+    gemms.append(roofs.gemm())
+    for m in ROWS:
+        for f, (fn, w) in FORMS.items():
+            secs[f, m].append(best_of(fn, (xs[m], w), REPEATS))
+    reads.append(max(read0, roofs.read()))  # the better of the two, as microbench decode
+roofs.close()  # the read's child process and numpy's
+
+
+def committed_products(rows_list):
+    """The committed race's products alone (step 5's file), as fractions of its C read."""
+    if race is None or not race.get("products"):
+        print(f"(no committed products to compare: {RACE_FILE} missing or without them)")
+        return
+    env = race.get("environment", {})
+    print(f"the committed race ({env.get('cpu_model')} x {env.get('cpu_count')}, the "
+          f"{race['products'][0]['products']} products of a {race['model']} step chained, "
+          f"{race['products'][0]['bytes'] / 1e9:.2f} GB), fraction of its C read:")
+    for m in rows_list:
+        got = {p["form"]: p["over_read"] for p in race["products"] if p["rows"] == m}
+        print(f"  {m} row{'s' if m > 1 else ' '}: " +
+              ", ".join(f"{f} {v:.2f}" for f, v in sorted(got.items())))
+
+
+print(f"1 row, median of {ROUNDS} rounds (read {min(reads) / 1e9:.1f}-{max(reads) / 1e9:.1f} "
+      "GB/s over the rounds)")
+print(f"{'':>24} {'ms':>7} {'GB/s':>6} {'of the read':>11} {'vs x @ w':>8}")
+gbs1, frac1 = {}, {}
+for f in FORMS:
+    t = statistics.median(secs[f, 1])
+    frac1[f] = statistics.median(W_BYTES / s / r for s, r in zip(secs[f, 1], reads, strict=True))
+    ratio = statistics.median(a / b for a, b in zip(secs[XN, 1], secs[f, 1], strict=True))
+    gbs1[f] = W_BYTES / t
+    print(f"{f:>24} {1e3 * t:7.2f} {gbs1[f] / 1e9:6.1f} {frac1[f]:11.2f} {ratio:7.2f}x")
+om = statistics.median(a / b for a, b in zip(secs[XN, 1], secs[NK, 1], strict=True))
+verdict = ("faster, as expected" if om > 1.05 else "slower: the expectation does not hold here"
+           if om < 0.95 else "about even (within 5%): the layout makes no difference here")
+print(f"XLA over the output-major copy: {om:.2f}x the speed of x @ w [K, N] (median of "
+      f"per-round ratios): {verdict}")
+if max(frac1.values()) > 1.02:
+    print("(a fraction above 1: the products outran the round's read, itself a measurement "
+          "that drift or other load on the machine slowed)")
+committed_products((1,))
+
+# %%
+# CHECK (correctness only: speed is never asserted): every form computes the same chain.
+for m in ROWS:
+    ref = outs[XN, m]
+    for f in FORMS:
+        np.testing.assert_allclose(outs[f, m], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max(),
+                                   err_msg=f"{f}, {m} rows")
+print(f"every form gives the same outputs at {ROWS} rows")
+
+# %%
+fig = Figure(figsize=(6.5, 3.2))
+ax = fig.subplots()
+names = list(FORMS)
+ax.barh(names, [gbs1[f] / 1e9 for f in names], color=["C0", "C1", "C2"][:len(names)])
+ax.axvline(max(reads) / 1e9, color="k", ls="--", lw=1, label=f"{roofs.read_label}, best round")
+ax.set_xlabel("GB/s of weights streamed (1 row of x)")
+ax.invert_yaxis()
+ax.set_title(f"One row through {STACK} weights [{K_W}, {N_W}] ({W_BYTES / 2**20:.0f} MiB)",
+             fontsize=9)
+fig.legend(fontsize=7, loc="lower center")
+fig.tight_layout(rect=(0, 0.08, 1, 1))
+display(fig)
+
+# %% [markdown]
+# The last lines are the committed race's answer to the same question, on its machine
+# (`xla [K, N]` is `x @ w`, `xla [N, K]` the `dot_general`, `native [N, K]` the kernel); the
+# README also reports, from an earlier run on a 2-core Zen 3, a [4096, 1024] product over
+# [K, N] at a quarter of the memory's speed. Where XLA's GEMV over [N, K] streams as fast as
+# the kernel at one row, `matmul="native"` leaves one row to it (`kernels.NATIVE_ROWS` starts
+# at 2).
+#
+# ## Step 3 · Few rows
+#
+# With $M$ rows of x the product reads the same weight and does $M$ times the FLOPs, so until
+# its intensity $M/2$ reaches the ridge its time should stay the weight's bytes over the
+# bandwidth. The **roof** of each point is the slower of its two limits,
+# $\max(\text{bytes}/\beta_\text{read},\ \text{FLOPs}/\text{GEMM rate})$, both measured in
+# the same round (the better of a read before and after the round's products, numpy's GEMM
+# once per round); the fraction of the roof is taken per round and the median reported.
+
+# %%
+def roof_s(m, read, gemm):
+    return max(W_BYTES / read, 2.0 * m * K_W * N_W * STACK / gemm)
+
+
+read_med, gemm_med = statistics.median(reads), statistics.median(gemms)
+print(f"median of {ROUNDS} rounds; read {read_med / 1e9:.1f} GB/s, GEMM {gemm_med / 1e9:.0f} "
+      f"GFLOP/s, ridge {gemm_med / read_med:.1f} FLOP/B (medians)")
+print(f"{'rows':>4} {'FLOP/B':>6} {'bound':>7} {'roof ms':>7}   " +
+      "".join(f"{f:>24}" for f in FORMS))
+frac = {}
+for m in ROWS:
+    bound = "memory" if W_BYTES / read_med >= 2.0 * m * K_W * N_W * STACK / gemm_med \
+        else "compute"
+    cells = []
+    for f in FORMS:
+        frac[f, m] = statistics.median(roof_s(m, r, g) / s for s, r, g in
+                                       zip(secs[f, m], reads, gemms, strict=True))
+        cells.append(f"{1e3 * statistics.median(secs[f, m]):9.2f} ms, {frac[f, m]:4.2f} roof")
+    print(f"{m:>4} {m / 2:6.1f} {bound:>7} {1e3 * roof_s(m, read_med, gemm_med):7.2f}   " +
+          "".join(f"{c:>24}" for c in cells))
+
+if max(frac.values()) > 1.02:
+    print("(above 1: faster than the round's roof, whose read drift or other load slowed)")
+best = {m: max(FORMS, key=lambda f: frac[f, m]) for m in ROWS}
+print("\nclosest to its roof: " + "; ".join(f"{m} rows {best[m]} ({frac[best[m], m]:.2f})"
+                                           for m in ROWS))
+for f in FORMS:
+    growth = statistics.median(secs[f, ROWS[-1]]) / statistics.median(secs[f, 1])
+    print(f"{f}: {growth:.2f}x the time from 1 to {ROWS[-1]} rows, for {ROWS[-1]}x the FLOPs")
+print()
+committed_products(ROWS)
+
+# %%
+fig = Figure(figsize=(7, 4))
+ax = fig.subplots()
+for f in FORMS:
+    ax.plot(ROWS, [1e3 * statistics.median(secs[f, m]) for m in ROWS], "o-", label=f)
+ax.plot(ROWS, [1e3 * roof_s(m, read_med, gemm_med) for m in ROWS], "k--",
+        label="roof: max(bytes / read, FLOPs / GEMM)")
+ax.set_xscale("log", base=2)
+ax.set_xticks(ROWS, [str(m) for m in ROWS])
+ax.set_ylim(bottom=0)
+ax.set_xlabel("rows of x (M)")
+ax.set_ylabel("ms per call")
+ax.set_title(f"{STACK} products [{K_W}, {N_W}] ({W_BYTES / 2**20:.0f} MiB): time against the "
+             "roof", fontsize=9)
+ax.legend(fontsize=7)
+display(fig)
+
+# %% [markdown]
+# ## Step 4 · Inside the kernel, and checking it
+#
+# `refmodel/kernels/rows.cc` computes y [M, N] = x [M, K] times w [N, K] transposed, for a few
+# rows of x, in about 150 lines of C++ (comments aside):
+#
+# - **Tiles in registers.** The inner loop (`tile<R, B>`) takes R rows of w against B rows of
+#   x over all of K and keeps the R x B dot products in vector registers, with enough partial
+#   sums that at least 8 independent FMA chains hide the FMA latency even for one row of x. R
+#   is 4 for up to 4 rows of x and 3 for 5-8 with AVX-512's 32 registers (4 then 2 with 16).
+#   Each step loads R + B vectors and does R x B fused multiply-adds: the loaded row of w is
+#   used once per row of x, so a few rows share one pass over w.
+# - **Packed x.** x is first copied as vectors [K / VL][M][VL], so the B vectors a step needs
+#   are adjacent. Rows of x K floats apart would otherwise fall in one L1 set whenever 4K bytes
+#   is a multiple of 4 KiB (as for transformers' usual widths) and evict each other.
+# - **Pinned loads.** An empty `asm` (`PIN`) keeps each loaded vector in a register; without
+#   it GCC folds a load into every FMA, one load per FMA instead of one per R or B of them.
+# - **Prefetch into L2.** While a tile runs, the next tile's rows of w at the same offset are
+#   prefetched into L2 (`__builtin_prefetch(..., 0, 2)`).
+# - **Blocks per thread on XLA's pool.** The N output rows are cut into 4 contiguous blocks
+#   per thread (whole chunks of 16 rows), taken from a shared counter by the calling thread and
+#   by tasks on XLA's own intra-op thread pool (the FFI's `ThreadPool` context), so the kernel
+#   uses the cores XLA uses and never oversubscribes them; each core streams long contiguous
+#   stretches of w.
+# - **Built here.** `build.py` compiles it on first use with the C++ compiler on PATH, with
+#   `-O3 -march=native` (AVX-512, AVX2 or SSE, whichever this CPU has), against the FFI
+#   headers in jaxlib, and caches the library under a key of the source, flags, compiler,
+#   jaxlib and CPU. No compiler is not an error: `kernels.available()` is False and
+#   `kernels.why_not()` says why; the model then stays on XLA (`matmul="xla"`, the default).
+#   `rows.py` registers it with `jax.ffi.register_ffi_target` and calls it with
+#   `jax.ffi.ffi_call`; `OutputMajor` is the weight type whose `x @ w` calls it for 2-16 rows
+#   (`kernels.NATIVE_ROWS`), XLA's GEMV for 1 and XLA's GEMM above.
+#
+# A fast kernel is worth nothing if it is wrong. The checks below can fail. First the kernel
+# alone against a float64 numpy oracle, on sizes that hit every tail: M past a pass of rows
+# (4 or 8) and past 16, K not a multiple of the vector width, N odd or smaller than a tile.
+# Float32 sums in another order differ from float64 by about the float32 rounding of the
+# partial sums, which grows like $\sqrt{K}$: the tolerance is rtol $10^{-5}$, atol
+# $10^{-5}\sqrt{K}$ (the test suite's). numpy's own float32 product (its BLAS) is shown
+# beside it for scale.
+
+# %%
+build_flags = " ".join(build.FLAGS)
+if not HAVE_KERNEL:
+    print(f"skipped: the native kernels are not available here ({kernels.why_not()})")
+else:
+    print(f"built with {build.compiler()} {build_flags}")
+    SIZES = [(1, 7, 5), (2, 100, 333), (3, 129, 17), (4, 1024, 1000), (5, 33, 300),
+             (8, 1024, 4096), (9, 150, 64), (16, 96, 257), (17, 64, 31)]  # (M, K, N)
+    print(f"{'M':>3} {'K':>5} {'N':>5} {'kernel max err':>14} {'numpy f32 err':>13} "
+          f"{'max |y|':>8}")
+    for i, (M, K, N) in enumerate(SIZES):
+        r = np.random.default_rng(i)
+        x = r.standard_normal((M, K)).astype(np.float32)
+        w = r.standard_normal((N, K)).astype(np.float32)
+        oracle = x.astype(np.float64) @ w.T.astype(np.float64)
+        got = np.asarray(kernels.rows(jnp.asarray(x), jnp.asarray(w)))
+        f32 = x @ w.T
+        print(f"{M:>3} {K:>5} {N:>5} {np.abs(got - oracle).max():14.2e} "
+              f"{np.abs(f32 - oracle).max():13.2e} {np.abs(oracle).max():8.1f}")
+        # CHECK: the kernel within float32 rounding of the float64 product
+        np.testing.assert_allclose(got, oracle, rtol=1e-5, atol=1e-5 * np.sqrt(K),
+                                   err_msg=f"M={M} K={K} N={N}")
+    print("kernels.rows == float64 numpy to float32 rounding at every size")
+
+# %% [markdown]
+# Then in a model. Choosing the kernel is one config field,
+# `refmodel.init(cfg.replace(matmul="native"), seed=0)`, or `kernels.use_native(model)` for a
+# model you already have (a copy with the same weights stored output-major). The weights are
+# drawn in float, then stored [N, K], so the same seed gives the same model. On the `tiny`
+# preset: a forward pass over 2 x 8 tokens (16 rows per product: the kernel) against the XLA
+# model, the greedy tokens of `refmodel.generate` at batch 2 (prefill of 12 rows, then 2 rows
+# per decode step: the kernel throughout), and the compiled decode step, which must call the
+# kernel once per `x @ w` product at batch 2 (q, k, v, o, gate, up, down per layer, plus the
+# LM head: no silent fallback) and not at all at batch 1 (XLA's GEMV over [N, K], by design).
+
+# %%
+if not HAVE_KERNEL:
+    print(f"skipped: the native kernels are not available here ({kernels.why_not()}); "
+          "matmul='native' would raise:")
+    try:
+        refmodel.init(presets.get("tiny").replace(matmul="native"), seed=0)
+    except RuntimeError as e:
+        print(" ", e)
+else:
+    cfg = presets.get("tiny")
+    xla_model = refmodel.init(cfg, seed=0)
+    native_model = refmodel.init(cfg.replace(matmul="native"), seed=0)
+    converted = kernels.use_native(xla_model)  # the same, from a model you already have
+    wq_xla = np.asarray(xla_model.blocks[0].attn.wq[...])  # [D, N*H]
+    wq_native = native_model.blocks[0].attn.wq[...]  # OutputMajor: w [N*H, D]
+    print(f"{cfg.name}: wq stored {tuple(wq_native.w.shape)} output-major, "
+          f"{type(wq_native).__name__}(shape={wq_native.shape})")
+
+    toks = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 8))
+    want = np.asarray(refmodel.forward(xla_model, toks))  # [B, T, V]
+    got = np.asarray(refmodel.forward(native_model, toks))
+    scale = max(1.0, float(np.sqrt(np.mean(want.astype(np.float64) ** 2))))
+    print(f"forward [2, 8]: max |native - xla| = {np.abs(got - want).max():.2e} "
+          f"(logits RMS {scale:.2f})")
+
+    prompt = np.random.default_rng(2).integers(0, cfg.vocab_size, (2, 6))
+    gen = {name: np.asarray(refmodel.generate(m, prompt, 10)) for name, m in
+           (("xla", xla_model), ("native", native_model))}
+    print("greedy continuations (xla):   ", gen["xla"][:, 6:].tolist())
+    print("greedy continuations (native):", gen["native"][:, 6:].tolist())
+
+    calls = {}
+    for batch in (1, 2):
+        phases = refmodel.Phases(native_model)
+        text = phases.jitted["decode"].lower(*phases.example_args("decode", batch, 8)).as_text()
+        calls[batch] = text.count(build.TARGETS["RowsF32"])
+    print(f"custom calls to {build.TARGETS['RowsF32']} in one decode step: batch 1 "
+          f"{calls[1]}, batch 2 {calls[2]} ({cfg.n_layers} layers x 7 + LM head = "
+          f"{7 * cfg.n_layers + 1})")
+
+    # CHECK: same weights; logits within float32 rounding (the kernel sums each dot product in
+    # its own order; 3e-5 of the logits' scale, the test suite's bound); identical greedy
+    # tokens; use_native(model) stores exactly what init(matmul="native") does; the kernel
+    # where it should run and only there.
+    np.testing.assert_array_equal(np.asarray(wq_native.dequantize()), wq_xla)
+    np.testing.assert_allclose(got, want, rtol=3e-5, atol=3e-5 * scale)
+    np.testing.assert_array_equal(gen["native"], gen["xla"])
+    for a, b in zip(jax.tree.leaves(nnx.state(converted, nnx.Param)),
+                    jax.tree.leaves(nnx.state(native_model, nnx.Param)), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # use_native == init
+    assert calls == {1: 0, 2: 7 * cfg.n_layers + 1}, calls
+    print("native model == XLA model: same weights, logits to rounding, same greedy tokens")
+
+# %% [markdown]
+# ## Step 5 · The committed race
+#
+# `python -m microbench decode` runs llama-309m's whole decode step at batch 1, 2, 4 and 8 in
+# three programs (`matmul="xla"`, `"output-major"`, `"native"`), beside the C read, numpy's
+# GEMM and the same weights in llama.cpp (an F32 GGUF written from our model) and transformers,
+# all in interleaved rounds; every ratio is taken inside a round and the median over rounds
+# reported. Its result is committed in `figures/data/decode.json`; the table below is read
+# from it (its machine's environment is printed: most likely not this one). Its targets, as
+# `microbench/decode.py` defines them (issue 18, reported, never asserted): batch 1 at least
+# as fast as llama.cpp (`vs_llamacpp`) and at `vs_read` or more of the C read; batches 2-8 at
+# `small_batch_roof` or more of their roof; the values are read from the file.
+
+# %%
+if race is None:
+    print(f"{RACE_FILE} does not exist: run `python -m microbench decode` to make it")
+else:
+    env = race.get("environment", {})
+    print(f"{race['model']} ({race['params'] / 1e6:.0f}M parameters), context "
+          f"{race['setup']['context']}, {race['setup']['rounds']} rounds; "
+          f"{env.get('cpu_model')} x {env.get('cpu_count')}, jax {env.get('jax_version')}, "
+          f"{env.get('date_utc')}")
+    print(f"{race['read_program']}: {race['read']['median'] / 1e9:.1f} GB/s (spread "
+          f"{race['read']['spread']:.0%}); {race['gemm_program']}")
+    if race.get("llamacpp"):
+        print(f"llama.cpp {race['llamacpp']['version']}, {race['llamacpp']['threads']} threads, "
+              f"{1e3 * race['peer_table']['llama.cpp']['step_s']:.1f} ms per batch-1 step")
+    if race.get("skipped"):
+        print("skipped in that run:", race["skipped"])
+    print(f"\n{'program':>12} {'batch':>5} {'step ms':>8} {'of roof':>7} {'vs llama.cpp':>12} "
+          f"{'per round':>20}")
+    for r in race["table"]:
+        vs = r.get("over_llama.cpp")
+        per = ", ".join(f"{v:.2f}" for v in r.get("over_llama.cpp_rounds", []) if v)
+        print(f"{r['program']:>12} {r['batch']:>5} {1e3 * r['step_s']:8.2f} "
+              f"{r['roof_fraction']:7.2f} {f'{vs:.2f}x' if vs else '-':>12} {per:>20}")
+    print("\ntargets:", race["targets"])
+
+# %%
+if race is not None:
+    tg = race["targets"]
+    verdicts = []  # (target, program, value, threshold)
+    for r in race["table"]:
+        if r["batch"] == 1:
+            if r.get("over_llama.cpp") is not None:
+                verdicts.append(("batch 1 vs llama.cpp", r["program"], r["over_llama.cpp"],
+                                 tg["vs_llamacpp"]))
+            verdicts.append(("batch 1 of the C read", r["program"], r["over_read"],
+                             tg["vs_read"]))
+        else:
+            verdicts.append((f"batch {r['batch']} of its roof", r["program"],
+                             r["roof_fraction"], tg["small_batch_roof"]))
+    print(f"{'target':>24} {'program':>12} {'value':>6} {'needs':>6}")
+    for what, prog, v, need in verdicts:
+        print(f"{what:>24} {prog:>12} {v:6.2f} {need:6.2f}  {'met' if v >= need else 'NOT met'}")
+    # per target, the best of our programs (batch 1 runs the same XLA GEMV in 'output-major'
+    # and 'native': the kernel takes 2-16 rows)
+    met, missed = [], []
+    for what in dict.fromkeys(v[0] for v in verdicts):
+        cands = [v for v in verdicts if v[0] == what]
+        _, prog, v, need = max(cands, key=lambda c: c[2])
+        (met if v >= need else missed).append(f"{what} ({prog}, {v:.2f} against {need})")
+    print(f"\nmet, by our best program: {'; '.join(met) or 'none'}")
+    print(f"not met: {'; '.join(missed) or 'none'}")
+    for row in race["table"]:
+        per_round = [v for v in row.get("over_llama.cpp_rounds", []) if v]
+        if row["batch"] == 1 and per_round:
+            n_ok = sum(v >= tg["vs_llamacpp"] for v in per_round)
+            print(f"{row['program']} batch 1 vs llama.cpp: {n_ok} of {len(per_round)} rounds at "
+                  f"or above {tg['vs_llamacpp']}x")
+
+# %%
+if race is not None:
+    fig = Figure(figsize=(11, 3.8))
+    ax1, ax2 = fig.subplots(1, 2)
+    batches = race["setup"]["batches"]
+    for prog in race["programs"]:
+        rows_p = [r for r in race["table"] if r["program"] == prog]
+        ax1.plot([r["batch"] for r in rows_p], [1e3 * r["step_s"] for r in rows_p], "o-",
+                 label=prog)
+        ax2.plot([r["batch"] for r in rows_p], [r["roof_fraction"] for r in rows_p], "o-",
+                 label=prog)
+    roof_ms = [1e3 * next(r["roof_s"] for r in race["table"] if r["batch"] == b)
+               for b in batches]
+    ax1.plot(batches, roof_ms, "k--", label="roof")
+    if "llama.cpp" in race.get("peer_table", {}):
+        ax1.plot([1], [1e3 * race["peer_table"]["llama.cpp"]["step_s"]], "k*", ms=12,
+                 label="llama.cpp")
+    ax1.set_ylim(bottom=0)
+    ax1.set_ylabel("ms per decode step")
+    ax1.set_title(f"{race['model']}: step time (committed run)", fontsize=9)
+    ax2.axhline(race["targets"]["small_batch_roof"], color="gray", ls=":",
+                label="target, batch 2-8")
+    ax2.plot([1], [race["targets"]["vs_read"]], "kx", label="target, batch 1 (of the read)")
+    ax2.set_ylim(0, 1.05)
+    ax2.set_ylabel("fraction of the roof")
+    ax2.set_title("share of max(bytes / C read, FLOPs / GEMM)", fontsize=9)
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(batches, [str(b) for b in batches])
+        ax.set_xlabel("batch")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    display(fig)
+
+# %% [markdown]
+# ## Step 6 · What is left
+#
+# **Batch 8 meets a compute ceiling.** At 8 rows a product does 4 FLOPs per byte (2 FLOPs per
+# row per 4-byte weight): compare it with the ridges of steps 1 and 3 and of the race, below.
+# Near the ridge, staying on the memory roof means computing at the GEMM's rate while
+# streaming, and a few-rows kernel has far less reuse per loaded vector than a GEMM. The
+# README's analysis of its committed run: the kernel's own ceiling with the weight resident in
+# L3 is 110-125 GFLOP/s, 0.6 of numpy's GEMM, and 75-92 GFLOP/s while streaming; at batch 8
+# the five weight products take 57 of the step's 61 ms (`python -m microbench breakdown
+# --model llama-309m --batch 8 --matmul native`). From the committed data:
+
+# %%
+if race is not None:
+    pts = [p for r in race["rounds"] for p in r["points"]
+           if p["program"] == "native" and p["batch"] == max(race["setup"]["batches"])]
+    ridges = [r["gemm_flops_per_s"] / max(r["read_bytes_per_s"]) for r in race["rounds"]]
+    if pts:
+        b8 = pts[0]
+        rate = statistics.median(p["flops"] / p["step_s"] for p in pts)
+        need = statistics.median(p["flops"] / p["roof_s"] for p in pts)
+        gemm_med = statistics.median(r["gemm_flops_per_s"] for r in race["rounds"])
+        print(f"batch {b8['batch']} (native): {b8['flops'] / b8['bytes']:.2f} FLOP/byte against "
+              f"a ridge of {min(ridges):.1f}-{max(ridges):.1f} over the rounds")
+        print(f"  at its roof it would run {need / 1e9:.0f} GFLOP/s "
+              f"({need / gemm_med:.2f} of numpy's GEMM); it ran {rate / 1e9:.0f} GFLOP/s, "
+              f"{rate / need:.2f} of that")
+    prods = [p for p in race.get("products", []) if p["rows"] == 8]
+    for p in prods:
+        print(f"  the {p['products']} products alone at 8 rows, {p['form']}: "
+              f"{1e3 * p['seconds']:.1f} ms, {p['over_read']:.2f} of the C read")
+
+# %% [markdown]
+# **Batch 1 copies its KV cache.** The README reports that XLA:CPU (jax 0.10.2) compiles the
+# batch-1 decode step with 4 copies of every K and V cache array per step and none at batch 2:
+# a dot over the just-written cache whose batch axis of 1 XLA drops triggers it
+# (`tests/test_cache_in_place.py`, a strict xfail until it goes). At context 128 the copies are
+# small; at context 2048 the README's committed breakdown has them as the largest op (25.2 ms
+# of a 93.8 ms step). Counted here, in this machine's compiled decode step of the `tiny`
+# preset (a copy of an array of a cache array's shape, in the optimized HLO):
+
+# %%
+def whole_cache_copies(cfg, batch: int, context: int) -> tuple[int, int]:
+    """(copies of whole cache arrays in the compiled decode step, cache arrays)."""
+    phases = refmodel.Phases(refmodel.init(cfg, seed=0))
+    args = phases.example_args("decode", batch, context)
+    leaves = [x for x in jax.tree.leaves(args[-1]) if getattr(x, "ndim", 0) >= 3]
+    shapes = {tuple(x.shape) for x in leaves}
+    text = phases.jitted["decode"].lower(*args).compile().as_text()
+    n = 0
+    for line in text.splitlines():
+        m = re.search(r"= f32\[([\d,]+)\]\{[^}]*\} copy\(", line)
+        if m and tuple(int(d) for d in m.group(1).split(",")) in shapes:
+            n += 1
+    return n, len(leaves)
+
+
+for batch in (1, 2):
+    n, arrays = whole_cache_copies(presets.get("tiny"), batch, 16)
+    print(f"batch {batch}: {n} whole-cache copies per step for {arrays} cache arrays "
+          f"({n / arrays:.1f} per array)")
+
+# %% [markdown]
+# **Race your own machine.** The committed numbers are one 2-core machine's; your ratios will
+# differ. To race yours (in a checkout installed with `pip install -e '.[dev]'`):
+#
+# ```
+# pip install -e '.[peers]'             # llama.cpp (built from source) and transformers
+# python -m microbench decode --quick   # the small `bench` model, no peers: under a minute
+# python -m microbench decode           # the full race: results/decode/decode.{json,md,png}
+# ```
+#
+# The `peers` extra builds llama.cpp from source (a C++ compiler and cmake, a few minutes).
+# Without it the race runs without llama.cpp and transformers; without a C++ compiler it runs
+# the two XLA programs only (`skipped` in the JSON says what was left out), and
+# `kernels.why_not()` says why the kernel did not build. The race's JSON has the layout read in
+# step 5, so pointing `RACE_FILE` above at `results/decode/decode.json` shows your machine's
+# table and targets here.
