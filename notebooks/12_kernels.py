@@ -40,7 +40,6 @@
 # %matplotlib inline
 import json
 import os
-import re
 import statistics
 import time
 from pathlib import Path
@@ -56,7 +55,7 @@ import refmodel
 from microbench import native, sysinfo
 from microbench.peaks import main_array_bytes
 from microbench.rounds import NumpyPeer
-from refmodel import costs, kernels, presets
+from refmodel import compiler_check, costs, kernels, presets
 from refmodel.kernels import build
 
 # %%
@@ -667,17 +666,8 @@ if race is not None:
 # %%
 def whole_cache_copies(cfg, batch: int, context: int) -> tuple[int, int]:
     """(copies of whole cache arrays in the compiled decode step, cache arrays)."""
-    phases = refmodel.Phases(refmodel.init(cfg, seed=0))
-    args = phases.example_args("decode", batch, context)
-    leaves = [x for x in jax.tree.leaves(args[-1]) if getattr(x, "ndim", 0) >= 3]
-    shapes = {tuple(x.shape) for x in leaves}
-    text = phases.jitted["decode"].lower(*args).compile().as_text()
-    n = 0
-    for line in text.splitlines():
-        m = re.search(r"= f32\[([\d,]+)\]\{[^}]*\} copy\(", line)
-        if m and tuple(int(d) for d in m.group(1).split(",")) in shapes:
-            n += 1
-    return n, len(leaves)
+    return compiler_check.cache_copies(refmodel.Phases(refmodel.init(cfg, seed=0)), batch,
+                                       context)
 
 
 for batch in (1, 2):

@@ -150,3 +150,17 @@ def format_table(rows: list[dict]) -> str:
                  f"tiny preset, batch {rows[0]['batch'] if rows else BATCH}, context "
                  f"{rows[0]['context'] if rows else CONTEXT}, backend {jax.default_backend()}")
     return "\n".join(lines)
+
+
+def cache_copies(phases, batch: int, context: int) -> tuple[int, int]:
+    """(copies of a whole cache array in the compiled decode step, cache arrays): a copy is a
+    read and a write of that array every step, beside the reads the cost model counts. 0 when
+    the donated cache is written in place (tests/test_cache_in_place.py says when it is not)."""
+    import re
+
+    args = phases.example_args("decode", batch, context)
+    leaves = [x for x in jax.tree.leaves(args[-1]) if getattr(x, "ndim", 0) >= 3]
+    shapes = {tuple(x.shape) for x in leaves}
+    text = phases.jitted["decode"].lower(*args).compile().as_text()
+    copies = re.findall(r"= \w+\[([\d,]+)\]\{[^}]*\} copy\(", text)
+    return sum(tuple(int(d) for d in c.split(",")) in shapes for c in copies), len(leaves)

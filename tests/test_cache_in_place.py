@@ -21,21 +21,14 @@ import jax.numpy as jnp
 import pytest
 
 import refmodel
+from refmodel import compiler_check
 
 
 def whole_cache_copies(cfg, batch: int, context: int) -> int:
-    phases = refmodel.Phases(refmodel.init(cfg, seed=0))
-    args = phases.example_args("decode", batch, context)
-    cache = args[-1]
-    shapes = {tuple(x.shape) for x in jax.tree.leaves(cache) if getattr(x, "ndim", 0) >= 3}
-    assert shapes, "no cache arrays found in the decode step's arguments"
-    text = phases.jitted["decode"].lower(*args).compile().as_text()
-    n = 0
-    for line in text.splitlines():
-        m = re.search(r"= f32\[([\d,]+)\]\{[^}]*\} copy\(", line)
-        if m and tuple(int(d) for d in m.group(1).split(",")) in shapes:
-            n += 1
-    return n
+    copies, arrays = compiler_check.cache_copies(refmodel.Phases(refmodel.init(cfg, seed=0)),
+                                                 batch, context)
+    assert arrays, "no cache arrays found in the decode step's arguments"
+    return copies
 
 
 def test_the_cache_is_written_in_place_at_batch_2():
