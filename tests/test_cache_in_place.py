@@ -8,6 +8,10 @@ at context 128, for 62 MB more counted bytes). The trigger is a dot whose operan
 updated cache with its batch axis of 1 dropped (a bitcast): `dynamic_update_slice` then a
 batched einsum over it, alone in a 4-line jitted function with the cache donated, compiles to
 4 copies at batch 1 and none at batch 2; the same cache with no batch axis compiles to none.
+Dumping XLA's passes (`--xla_dump_hlo_pass_re=.*`) shows how: after layout assignment the
+fusion pass puts the write into two fusions, one feeding the dot through the bitcast and one
+producing the returned cache, both updating the donated buffer in place; copy insertion then
+resolves that interference with copies.
 Writing it as a scatter, a per-row loop, a scalar start or behind an optimization barrier
 did not change that. The batch-1 case is a strict xfail: it passes, and fails the suite,
 the day the copies go."""
