@@ -200,3 +200,14 @@ def test_read_json_limits_are_checked_before_parsing(tmp_path):
         files.read_json(path, max_depth=2)
     with pytest.raises(ValueError, match="larger than"):
         files.read_json(path, max_bytes=10)
+
+
+def test_breakdown_native_without_the_kernels_says_why(tmp_path, no_measuring, capsys,
+                                                       monkeypatch):
+    from refmodel import kernels
+
+    monkeypatch.setattr(kernels, "load", lambda: False)  # what kernels.available() asks
+    monkeypatch.setattr(kernels, "why_not", lambda: "no C++ compiler on PATH")
+    err = one_line_error(["breakdown", "--model", "tiny", "--matmul", "native",
+                          "--out", str(tmp_path)], capsys)
+    assert "--matmul native" in err and "no C++ compiler on PATH" in err

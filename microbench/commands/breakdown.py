@@ -47,6 +47,12 @@ def check_args(args) -> None:
         raise ValueError(f"--attention {args.attention!r}: choose one of {list(kinds)}")
     if args.matmul is not None and args.matmul not in refmodel.config.MATMULS:
         raise ValueError(f"--matmul {args.matmul!r}: choose one of {list(refmodel.config.MATMULS)}")
+    if args.matmul == "native":
+        from refmodel import kernels
+
+        if not kernels.available():
+            raise ValueError(f"--matmul native: the native kernels are not available here "
+                             f"({kernels.why_not()}); use --matmul output-major or xla")
     cfg = config(args)
     need = refmodel.costs.param_counts(cfg)["total"] * (2 if "16" in cfg.dtype else 4)
     have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
