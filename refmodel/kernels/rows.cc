@@ -187,10 +187,10 @@ static ffi::Error Rows(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffe
   const int64_t share = (N / (SHARES * threads) + CHUNK - 1) / CHUNK * CHUNK;
   const int64_t rows = std::max<int64_t>(CHUNK, share);
   const int64_t blocks = (N + rows - 1) / rows;
-  auto counter = std::make_shared<Work>();
-  counter->packed.resize((K + VL - 1) / VL * VL * M);
-  pack(x.typed_data(), counter->packed.data(), M, K);
-  const float* xp = counter->packed.data();
+  auto state = std::make_shared<Work>();
+  state->packed.resize((K + VL - 1) / VL * VL * M);
+  pack(x.typed_data(), state->packed.data(), M, K);
+  const float* xp = state->packed.data();
   const float* wp = w.typed_data();
   float* yp = y->typed_data();
   auto work = [=](Work* s) {
@@ -200,9 +200,9 @@ static ffi::Error Rows(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffe
     }
   };
   const int64_t helpers = std::min<int64_t>(threads, blocks) - 1;
-  for (int64_t t = 0; t < helpers; t++) pool.Schedule([counter, work] { work(counter.get()); });
-  work(counter.get());
-  while (counter->done.load(std::memory_order_acquire) < blocks) std::this_thread::yield();
+  for (int64_t t = 0; t < helpers; t++) pool.Schedule([state, work] { work(state.get()); });
+  work(state.get());
+  while (state->done.load(std::memory_order_acquire) < blocks) std::this_thread::yield();
   return ffi::Error::Success();
 }
 
