@@ -4,7 +4,7 @@ CPU engine, all in the same interleaved rounds.
 Each round runs back to back: the all-core C read (microbench.native: what main memory does),
 numpy's GEMM (what the FMA units do), our decode step at each batch with XLA's products on the
 weights as written (`matmul="xla"`), on weights stored output-major (`"output-major"`) and with
-the native few-rows kernel for 2-16 rows (`"native"`, refmodel.kernels), the
+the native kernel on weights stored in its panels (`"native"`, refmodel.kernels), the
 same weights in llama.cpp (a GGUF written from our model, microbench.llamacpp) and in Hugging
 Face transformers when installed (the `peers` extra), then the C read again. The machine drifts
 by tens of percent over minutes (the README's method section), so every comparison is a ratio
@@ -109,18 +109,18 @@ class _Ours:
     def products(self, rows: int, repeats: int = 7) -> list[dict]:
         """The step's weight products alone, chained (each product's input made from the last
         one's output, as in a step), with `rows` rows: XLA on [K, N] (x @ w), XLA on [N, K]
-        (dot_general over the stored K axis) and the native kernel on [N, K]."""
+        (dot_general over the stored K axis) and the native kernel on its panels."""
         import jax
         import jax.numpy as jnp
         from flax import nnx
 
-        from refmodel import kernels
         from refmodel.quant import matrices
 
-        def weights(model) -> list:  # the 2-D matrices, in module order; OutputMajor -> [N, K]
+        def weights(model, unwrap: bool = True) -> list:  # the 2-D matrices, in module order
             ws = [getattr(m, n)[...] for _, m in nnx.iter_modules(model) for n in matrices(m)]
-            ws = [getattr(w, "w", w) for w in ws]
-            return [w for w in ws if getattr(w, "ndim", 0) == 2]
+            if unwrap:  # OutputMajor -> its [N, K] array
+                ws = [getattr(w, "w", w) for w in ws]
+            return [w for w in ws if len(w.shape) == 2]
 
         kn = weights(self.models["xla"])
         forms = {"xla [K, N]": (lambda x, w: x @ w, 0, kn)}
@@ -128,8 +128,9 @@ class _Ours:
             nk = weights(self.models["output-major"])
             forms["xla [N, K]"] = (lambda x, w: jax.lax.dot_general(
                 x, w, (((1,), (1,)), ((), ()))), 1, nk)
-            if "native" in self.models:
-                forms["native [N, K]"] = (kernels.rows, 1, nk)
+        if "native" in self.models:  # Panels: x @ w is the kernel (shape: [K, N])
+            forms["native panels"] = (lambda x, w: x @ w, 0,
+                                      weights(self.models["native"], unwrap=False))
         out = []
         for form, (product, k_axis, ws) in forms.items():
             if form not in self._chains:

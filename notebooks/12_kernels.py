@@ -26,15 +26,16 @@
 #
 # 1. a decode step is a chain of weight products with few rows: llama-309m's bytes, FLOPs and
 #    intensity at batch 1 to 8, against this machine's ridge;
-# 2. the layout lesson: one row times a weight stored input-major [K, N] or output-major
-#    [N, K], timed here;
+# 2. the layout lesson: one row times a weight stored input-major [K, N], output-major
+#    [N, K] or in the kernel's panels, timed here;
 # 3. few rows: XLA's two layouts and the kernel at 1 to 8 rows, against their roof;
 # 4. inside the kernel, and checks that it computes the right thing, alone and in a model;
 # 5. the committed race against llama.cpp (`figures/data/decode.json`) and its targets;
 # 6. what is left, and how to race your own machine.
 #
 # Shapes follow `refmodel/kernels/rows.py`: x [M, K] (M rows: the step's tokens), a weight
-# [K, N] as the model is written (K inputs, N outputs) or [N, K] stored output-major.
+# [K, N] as the model is written (K inputs, N outputs), [N, K] stored output-major, or
+# [ceil(N / 32), K, 32] stored in the kernel's panels.
 
 # %%
 # %matplotlib inline
@@ -73,6 +74,10 @@ DATA = Path("..") / "figures" / "data" if Path.cwd().name == "notebooks" else \
     Path("figures") / "data"
 RACE_FILE = DATA / "decode.json"  # the committed race (step 5), written by microbench decode
 race = json.loads(RACE_FILE.read_text()) if RACE_FILE.exists() else None
+# the race's kernel product form: "native panels" (this kernel), or "native [N, K]" in a run
+# made before it (the earlier kernel over [N, K] rows, which left 1 row to XLA's GEMV)
+NATIVE_FORM = next((p["form"] for p in (race or {}).get("products", [])
+                    if p["form"].startswith("native")), None)
 print(f"weights [{K_W}, {N_W}] x {STACK}, last-level cache {LLC / 2**20:.0f} MiB; {ROUNDS} "
       f"rounds of {REPEATS} calls", "| quick" if QUICK else "| full")
 
@@ -195,16 +200,21 @@ display(fig)
 # store weights this way), each output is the dot product of x with one contiguous row of wt:
 # a core streams its own block of rows front to back, and one row of x stays in registers.
 # The expectation is that output-major reads closer to the memory's speed; how much closer is
-# a property of XLA's CPU code and of the machine, so it is measured, not assumed.
+# a property of XLA's CPU code and of the machine, so it is measured, not assumed. The native
+# kernel takes a third layout, **panels**: `kernels.panels(w)` turns w [K, N] into
+# wp [ceil(N / 32), K, 32], 32 outputs side by side for every input, each panel contiguous
+# (the packed operand of a BLAS GEMM, packed once at load time). A core streams its own
+# panels front to back, and each 128-byte row of a panel meets every row of x (step 4).
 #
 # Timed here: `x @ w`; `jax.lax.dot_general(x, wt, (((1,), (1,)), ((), ())))`, the same
 # product over the stored K axis of wt (what `matmul="output-major"` runs); and
-# `kernels.rows(x, wt)`, the native kernel. The rounds below time 1, 2, 4 and 8 rows of x
-# together; this step reads the 1-row column, step 3 the rest. A single 16 MB weight may sit in the
-# last-level cache, and a product repeated on it would time the cache, while a decode step
-# reads each weight once per step. So each call chains `STACK` different weights, each
-# product's input made from the last one's output (all of it, so no work can be dropped), as
-# `microbench/decode.py` chains a step's 113 products. Interleaved rounds, every form once per
+# `kernels.rows(x, wp, N)`, the native kernel over the panels (what `x @ w` runs with
+# `matmul="native"`). The rounds below time 1, 2, 4 and 8 rows of x together; this step reads
+# the 1-row column, step 3 the rest. A single 16 MB weight may sit in the last-level cache,
+# and a product repeated on it would time the cache, while a decode step reads each weight
+# once per step. So each call chains `STACK` different weights, each product's input made
+# from the last one's output (all of it, so no work can be dropped), as `microbench/decode.py`
+# chains a step's 113 products. Interleaved rounds, every form once per
 # round (the machine drifts: see the README's method section), the median over rounds.
 
 # %%
@@ -212,6 +222,7 @@ rng = np.random.default_rng(0)
 ws = [jnp.asarray(rng.standard_normal((K_W, N_W), dtype=np.float32) * K_W**-0.5)
       for _ in range(STACK)]  # [K, N] each
 wts = [jnp.swapaxes(w, 0, 1) for w in ws]  # [N, K] copies: what OutputMajor stores
+wps = [kernels.panels(w) for w in ws]  # [N / 32, K, 32] copies: what Panels stores
 W_BYTES = sum(w.nbytes for w in ws)
 print(f"{STACK} weights [{K_W}, {N_W}]: {W_BYTES / 2**20:.0f} MiB per call, "
       f"{W_BYTES / LLC:.1f}x the last-level cache")
@@ -230,11 +241,11 @@ def chain(product):
     return jax.jit(run)
 
 
-XN, NK, KR = "XLA x @ w [K, N]", "XLA dot_general [N, K]", "kernels.rows [N, K]"
+XN, NK, KR = "XLA x @ w [K, N]", "XLA dot_general [N, K]", "kernels.rows panels"
 FORMS = {XN: (chain(lambda x, w: x @ w), ws),
          NK: (chain(lambda x, w: jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())))), wts)}
 if HAVE_KERNEL:
-    FORMS[KR] = (chain(kernels.rows), wts)
+    FORMS[KR] = (chain(lambda x, wp: kernels.rows(x, wp, N_W)), wps)
 else:
     print(f"kernels.rows left out of steps 2-3: {kernels.why_not()}")
 
@@ -272,6 +283,9 @@ def committed_products(rows_list):
     print(f"the committed race ({env.get('cpu_model')} x {env.get('cpu_count')}, the "
           f"{race['products'][0]['products']} products of a {race['model']} step chained, "
           f"{race['products'][0]['bytes'] / 1e9:.2f} GB), fraction of its C read:")
+    if NATIVE_FORM and NATIVE_FORM != "native panels":
+        print(f"  ({NATIVE_FORM}: a run made before the panel kernel, the earlier kernel over "
+              "[N, K] rows)")
     for m in rows_list:
         got = {p["form"]: p["over_read"] for p in race["products"] if p["rows"] == m}
         print(f"  {m} row{'s' if m > 1 else ' '}: " +
@@ -323,11 +337,13 @@ display(fig)
 
 # %% [markdown]
 # The last lines are the committed race's answer to the same question, on its machine
-# (`xla [K, N]` is `x @ w`, `xla [N, K]` the `dot_general`, `native [N, K]` the kernel); the
-# README also reports, from an earlier run on a 2-core Zen 3, a [4096, 1024] product over
-# [K, N] at a quarter of the memory's speed. Where XLA's GEMV over [N, K] streams as fast as
-# the kernel at one row, `matmul="native"` leaves one row to it (`kernels.NATIVE_ROWS` starts
-# at 2).
+# (`xla [K, N]` is `x @ w`, `xla [N, K]` the `dot_general`, `native panels` the kernel over
+# its panels; a race run before the panel kernel names it `native [N, K]`, the earlier kernel
+# over output-major rows); the README also reports, from an earlier run on a 2-core Zen 3, a
+# [4096, 1024] product over [K, N] at a quarter of the memory's speed. Whichever form streams
+# fastest at one row here, the table above says; `matmul="native"` does not choose by rows:
+# `x @ w` with a `kernels.Panels` weight runs the kernel at 1 row too, as for a few rows and
+# for a prefill, so every `x @ w` of a native model is the kernel's, whatever the batch.
 #
 # ## Step 3 · Few rows
 #
@@ -391,39 +407,54 @@ display(fig)
 # %% [markdown]
 # ## Step 4 · Inside the kernel, and checking it
 #
-# `refmodel/kernels/rows.cc` computes y [M, N] = x [M, K] times w [N, K] transposed, for a few
-# rows of x, in about 150 lines of C++ (comments aside):
+# `refmodel/kernels/rows.cc` computes y [M, N] = x [M, K] w for w [K, N] stored in panels,
+# wp [ceil(N / 32), K, 32], for any number of rows of x, in about 150 lines of C++ (comments
+# aside):
 #
-# - **Tiles in registers.** The inner loop (`tile<R, B>`) takes R rows of w against B rows of
-#   x over all of K and keeps the R x B dot products in vector registers, with enough partial
-#   sums that at least 8 independent FMA chains hide the FMA latency even for one row of x. R
-#   is 4 for up to 4 rows of x and 3 for 5-8 with AVX-512's 32 registers (4 then 2 with 16).
-#   Each step loads R + B vectors and does R x B fused multiply-adds: the loaded row of w is
-#   used once per row of x, so a few rows share one pass over w.
-# - **Packed x.** x is first copied as vectors [K / VL][M][VL], so the B vectors a step needs
-#   are adjacent. Rows of x K floats apart would otherwise fall in one L1 set whenever 4K bytes
-#   is a multiple of 4 KiB (as for transformers' usual widths) and evict each other.
-# - **Pinned loads.** An empty `asm` (`PIN`) keeps each loaded vector in a register; without
-#   it GCC folds a load into every FMA, one load per FMA instead of one per R or B of them.
-# - **Prefetch into L2.** While a tile runs, the next tile's rows of w at the same offset are
-#   prefetched into L2 (`__builtin_prefetch(..., 0, 2)`).
-# - **Blocks per thread on XLA's pool.** The N output rows are cut into 4 contiguous blocks
-#   per thread (whole chunks of 16 rows), taken from a shared counter by the calling thread and
-#   by tasks on XLA's own intra-op thread pool (the FFI's `ThreadPool` context), so the kernel
-#   uses the cores XLA uses and never oversubscribes them; each core streams long contiguous
-#   stretches of w.
+# - **Panels, packed once.** `kernels.panels(w)` (in `rows.py`) lays w out as panels of 32
+#   outputs: wp[p, k, j] = w[k, 32p + j], each panel contiguous, outputs past N zero. This is
+#   the packed B operand of a BLAS GEMM, but packed once when the model is loaded
+#   (`kernels.Panels.of`) instead of on every call.
+# - **Broadcast x, accumulate in registers.** The inner loop (`tile<B>`) takes B rows of x
+#   against a panel over all of K. For every input k it loads the panel's 128-byte row (2
+#   vectors with AVX-512, taken 2 vectors at a time with AVX2 or SSE), broadcasts x[m, k] to
+#   every lane for each of the B rows, and does B fused multiply-adds per vector. The B x 32
+#   outputs of the tile stay in vector registers over all K, each output in its own lane, so
+#   no horizontal sum is needed. The earlier kernel took dot products of rows of an [N, K]
+#   weight and summed each across its lanes. With fewer than 8 accumulators (1 to 3 rows of
+#   x) each output keeps 2 or 4 partial sums, so that at least 8 independent FMA chains hide
+#   the FMA latency even for one row.
+# - **Passes over a panel in L2.** A pass takes at most MB = 8 rows of x with AVX-512's 32
+#   registers (4 with AVX2's 16). More rows make more passes over the same panel, which is
+#   K x 128 bytes and stays in L2, so a panel comes from memory once whatever M is. The kernel
+#   is a GEMV at 1 row, a few-rows product in a small batch or a speculative verify, and a
+#   GEMM for a prefill.
+# - **Packed x.** x is first copied in blocks of MB rows, each block transposed ([K, MB]), so
+#   the inputs a step broadcasts are adjacent.
+# - **Pinned loads.** An empty `asm` (`PIN`) keeps each loaded vector of w in a register;
+#   without it GCC folds the load into every FMA, one load per FMA instead of one per B.
+# - **Prefetch into L2.** While a tile runs, the panel row 16 inputs ahead (2 KiB) is
+#   prefetched into L2 (`__builtin_prefetch(..., 0, 2)`; near a panel's end that is the next
+#   panel). Per the comment at the top of `rows.cc`, no prefetch, a longer distance and a
+#   non-temporal hint were all slower.
+# - **Blocks of panels per thread on XLA's pool.** The panels are cut into 4 contiguous blocks
+#   per thread, taken from a shared counter by the calling thread and by tasks on XLA's own
+#   intra-op thread pool (the FFI's `ThreadPool` context). So the kernel uses the cores XLA
+#   uses and never oversubscribes them, and each core streams whole contiguous panels.
 # - **Built here.** `build.py` compiles it on first use with the C++ compiler on PATH, with
 #   `-O3 -march=native` (AVX-512, AVX2 or SSE, whichever this CPU has), against the FFI
 #   headers in jaxlib, and caches the library under a key of the source, flags, compiler,
 #   jaxlib and CPU. No compiler is not an error: `kernels.available()` is False and
 #   `kernels.why_not()` says why; the model then stays on XLA (`matmul="xla"`, the default).
 #   `rows.py` registers it with `jax.ffi.register_ffi_target` and calls it with
-#   `jax.ffi.ffi_call`; `OutputMajor` is the weight type whose `x @ w` calls it for 2-16 rows
-#   (`kernels.NATIVE_ROWS`), XLA's GEMV for 1 and XLA's GEMM above.
+#   `jax.ffi.ffi_call`. `Panels` is the weight type whose `x @ w` calls it for every number of
+#   rows; `OutputMajor` stores [N, K] for `matmul="output-major"` and leaves every product to
+#   XLA.
 #
 # A fast kernel is worth nothing if it is wrong. The checks below can fail. First the kernel
 # alone against a float64 numpy oracle, on sizes that hit every tail: M past a pass of rows
-# (4 or 8) and past 16, K not a multiple of the vector width, N odd or smaller than a tile.
+# (4 or 8) and several passes, K not a multiple of the unrolling, N ending inside a panel or
+# inside a vector, or smaller than a panel.
 # Float32 sums in another order differ from float64 by about the float32 rounding of the
 # partial sums, which grows like $\sqrt{K}$: the tolerance is rtol $10^{-5}$, atol
 # $10^{-5}\sqrt{K}$ (the test suite's). numpy's own float32 product (its BLAS) is shown
@@ -436,16 +467,17 @@ if not HAVE_KERNEL:
 else:
     print(f"built with {build.compiler()} {build_flags}")
     SIZES = [(1, 7, 5), (2, 100, 333), (3, 129, 17), (4, 1024, 1000), (5, 33, 300),
-             (8, 1024, 4096), (9, 150, 64), (16, 96, 257), (17, 64, 31)]  # (M, K, N)
+             (8, 1024, 4096), (9, 150, 64), (16, 96, 257), (17, 64, 31),
+             (33, 101, 70)]  # (M, K, N)
     print(f"{'M':>3} {'K':>5} {'N':>5} {'kernel max err':>14} {'numpy f32 err':>13} "
           f"{'max |y|':>8}")
     for i, (M, K, N) in enumerate(SIZES):
         r = np.random.default_rng(i)
         x = r.standard_normal((M, K)).astype(np.float32)
-        w = r.standard_normal((N, K)).astype(np.float32)
-        oracle = x.astype(np.float64) @ w.T.astype(np.float64)
-        got = np.asarray(kernels.rows(jnp.asarray(x), jnp.asarray(w)))
-        f32 = x @ w.T
+        w = r.standard_normal((K, N)).astype(np.float32)  # [K, N], as the model writes it
+        oracle = x.astype(np.float64) @ w.astype(np.float64)
+        got = np.asarray(kernels.rows(jnp.asarray(x), kernels.panels(jnp.asarray(w)), N))
+        f32 = x @ w
         print(f"{M:>3} {K:>5} {N:>5} {np.abs(got - oracle).max():14.2e} "
               f"{np.abs(f32 - oracle).max():13.2e} {np.abs(oracle).max():8.1f}")
         # CHECK: the kernel within float32 rounding of the float64 product
@@ -456,13 +488,14 @@ else:
 # %% [markdown]
 # Then in a model. Choosing the kernel is one config field,
 # `refmodel.init(cfg.replace(matmul="native"), seed=0)`, or `kernels.use_native(model)` for a
-# model you already have (a copy with the same weights stored output-major). The weights are
-# drawn in float, then stored [N, K], so the same seed gives the same model. On the `tiny`
-# preset: a forward pass over 2 x 8 tokens (16 rows per product: the kernel) against the XLA
+# model you already have (a copy with the same weights stored in the kernel's panels). The
+# weights are drawn in float, then stored in panels, so the same seed gives the same model. On
+# the `tiny` preset: a forward pass over 2 x 8 tokens (16 rows per product) against the XLA
 # model, the greedy tokens of `refmodel.generate` at batch 2 (prefill of 12 rows, then 2 rows
-# per decode step: the kernel throughout), and the compiled decode step, which must call the
-# kernel once per `x @ w` product at batch 2 (q, k, v, o, gate, up, down per layer, plus the
-# LM head: no silent fallback) and not at all at batch 1 (XLA's GEMV over [N, K], by design).
+# per decode step), and the compiled decode step at batch 1 and 2 and a prefill of 8 tokens,
+# each of which must call the kernel once per `x @ w` product (q, k, v, o, gate, up, down per
+# layer, plus the LM head): the kernel at every number of rows, 1 included, with no silent
+# fallback to XLA.
 
 # %%
 if not HAVE_KERNEL:
@@ -478,9 +511,9 @@ else:
     native_model = refmodel.init(cfg.replace(matmul="native"), seed=0)
     converted = kernels.use_native(xla_model)  # the same, from a model you already have
     wq_xla = np.asarray(xla_model.blocks[0].attn.wq[...])  # [D, N*H]
-    wq_native = native_model.blocks[0].attn.wq[...]  # OutputMajor: w [N*H, D]
-    print(f"{cfg.name}: wq stored {tuple(wq_native.w.shape)} output-major, "
-          f"{type(wq_native).__name__}(shape={wq_native.shape})")
+    wq_native = native_model.blocks[0].attn.wq[...]  # Panels: w [ceil(N*H / 32), D, 32]
+    print(f"{cfg.name}: wq {list(wq_xla.shape)} stored in panels "
+          f"{list(wq_native.w.shape)}, {type(wq_native).__name__}(shape={wq_native.shape})")
 
     toks = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 8))
     want = np.asarray(refmodel.forward(xla_model, toks))  # [B, T, V]
@@ -496,25 +529,26 @@ else:
     print("greedy continuations (native):", gen["native"][:, 6:].tolist())
 
     calls = {}
-    for batch in (1, 2):
-        phases = refmodel.Phases(native_model)
-        text = phases.jitted["decode"].lower(*phases.example_args("decode", batch, 8)).as_text()
-        calls[batch] = text.count(build.TARGETS["RowsF32"])
-    print(f"custom calls to {build.TARGETS['RowsF32']} in one decode step: batch 1 "
-          f"{calls[1]}, batch 2 {calls[2]} ({cfg.n_layers} layers x 7 + LM head = "
+    phases = refmodel.Phases(native_model)
+    for phase, batch in (("decode", 1), ("decode", 2), ("prefill", 1)):
+        text = phases.jitted[phase].lower(*phases.example_args(phase, batch, 8)).as_text()
+        calls[phase, batch] = text.count(build.TARGETS["RowsF32"])
+    print(f"custom calls to {build.TARGETS['RowsF32']}: decode step at batch 1 "
+          f"{calls['decode', 1]}, at batch 2 {calls['decode', 2]}, prefill of 8 tokens "
+          f"{calls['prefill', 1]} ({cfg.n_layers} layers x 7 + LM head = "
           f"{7 * cfg.n_layers + 1})")
 
-    # CHECK: same weights; logits within float32 rounding (the kernel sums each dot product in
-    # its own order; 3e-5 of the logits' scale, the test suite's bound); identical greedy
-    # tokens; use_native(model) stores exactly what init(matmul="native") does; the kernel
-    # where it should run and only there.
+    # CHECK: same weights; logits within float32 rounding (the kernel sums each output in its
+    # own order; 3e-5 of the logits' scale, the test suite's bound); identical greedy tokens;
+    # use_native(model) stores exactly what init(matmul="native") does; the kernel once per
+    # x @ w product at 1 row, 2 rows and 8 (tests/test_kernels.py's count).
     np.testing.assert_array_equal(np.asarray(wq_native.dequantize()), wq_xla)
     np.testing.assert_allclose(got, want, rtol=3e-5, atol=3e-5 * scale)
     np.testing.assert_array_equal(gen["native"], gen["xla"])
     for a, b in zip(jax.tree.leaves(nnx.state(converted, nnx.Param)),
                     jax.tree.leaves(nnx.state(native_model, nnx.Param)), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # use_native == init
-    assert calls == {1: 0, 2: 7 * cfg.n_layers + 1}, calls
+    assert set(calls.values()) == {7 * cfg.n_layers + 1}, calls
     print("native model == XLA model: same weights, logits to rounding, same greedy tokens")
 
 # %% [markdown]
@@ -529,6 +563,12 @@ else:
 # `microbench/decode.py` defines them (issue 18, reported, never asserted): batch 1 at least
 # as fast as llama.cpp (`vs_llamacpp`) and at `vs_read` or more of the C read; batches 2-8 at
 # `small_batch_roof` or more of their roof; the values are read from the file.
+#
+# Which kernel the committed run's `native` program ran is printed from its product forms:
+# `native panels` is this notebook's panel kernel, at every batch. `native [N, K]` is a run
+# from before it: the earlier kernel over [N, K] rows for batches 2-8, and at batch 1 XLA's
+# GEMV over the same output-major weights (then `native` and `output-major` measured the same
+# batch-1 program twice).
 
 # %%
 if race is None:
@@ -546,6 +586,13 @@ else:
               f"{1e3 * race['peer_table']['llama.cpp']['step_s']:.1f} ms per batch-1 step")
     if race.get("skipped"):
         print("skipped in that run:", race["skipped"])
+    if NATIVE_FORM == "native panels":
+        print("its native program: the panel kernel (step 4) at every batch")
+    elif NATIVE_FORM is not None:
+        print(f"its native program ({NATIVE_FORM!r}): a run made before the panel kernel, the "
+              "earlier kernel over [N, K] rows at batch 2-8 and XLA's GEMV at batch 1")
+    else:
+        print("its native program: not named in its products (none in the file)")
     print(f"\n{'program':>12} {'batch':>5} {'step ms':>8} {'of roof':>7} {'vs llama.cpp':>12} "
           f"{'per round':>20}")
     for r in race["table"]:
@@ -572,8 +619,8 @@ if race is not None:
     print(f"{'target':>24} {'program':>12} {'value':>6} {'needs':>6}")
     for what, prog, v, need in verdicts:
         print(f"{what:>24} {prog:>12} {v:6.2f} {need:6.2f}  {'met' if v >= need else 'NOT met'}")
-    # per target, the best of our programs (batch 1 runs the same XLA GEMV in 'output-major'
-    # and 'native': the kernel takes 2-16 rows)
+    # per target, the best of our programs (in a run made before the panel kernel, batch 1 ran
+    # the same XLA GEMV in 'output-major' and 'native'; with it, 'native' is the kernel's)
     met, missed = [], []
     for what in dict.fromkeys(v[0] for v in verdicts):
         cands = [v for v in verdicts if v[0] == what]
@@ -625,14 +672,18 @@ if race is not None:
 # %% [markdown]
 # ## Step 6 · What is left
 #
-# **Batch 8 meets a compute ceiling.** At 8 rows a product does 4 FLOPs per byte (2 FLOPs per
-# row per 4-byte weight): compare it with the ridges of steps 1 and 3 and of the race, below.
-# Near the ridge, staying on the memory roof means computing at the GEMM's rate while
-# streaming, and a few-rows kernel has far less reuse per loaded vector than a GEMM. The
-# README's analysis of its committed run: the kernel's own ceiling with the weight resident in
-# L3 is 110-125 GFLOP/s, 0.6 of numpy's GEMM, and 75-92 GFLOP/s while streaming; at batch 8
-# the five weight products take 57 of the step's 61 ms (`python -m microbench breakdown
-# --model llama-309m --batch 8 --matmul native`). From the committed data:
+# **Batch 8 was the kernel's compute ceiling.** At 8 rows a product does 4 FLOPs per byte (2
+# FLOPs per row per 4-byte weight): compare it with the ridges of steps 1 and 3 and of the
+# race, below. Near the ridge, staying on the memory roof means computing close to the GEMM's
+# rate while streaming. The earlier kernel could not: it took dot products of rows of an
+# [N, K] weight with rows of x and summed each output across its lanes, and batch 8 was where
+# it fell below its roof. The panel kernel of step 4 broadcasts x, keeps 8 x 32 outputs in
+# registers and never sums across lanes. The comment at the top of `rows.cc` records, on a
+# 2-core Zen 4 with the weight in L2, about 204 GFLOP/s at 8 rows against 150 for the earlier
+# kernel. Whether that brings batch 8 to its roof while the weights stream from memory, the
+# race in step 5 says (if it was run with the panel kernel: step 5 prints which).
+# `python -m microbench breakdown --model llama-309m --batch 8 --matmul native` shows where
+# such a step's time goes. From the committed data:
 
 # %%
 if race is not None:
@@ -650,18 +701,23 @@ if race is not None:
               f"({need / gemm_med:.2f} of numpy's GEMM); it ran {rate / 1e9:.0f} GFLOP/s, "
               f"{rate / need:.2f} of that")
     prods = [p for p in race.get("products", []) if p["rows"] == 8]
-    for p in prods:
+    for p in prods:  # FLOPs: 2 per row per 4-byte weight
         print(f"  the {p['products']} products alone at 8 rows, {p['form']}: "
-              f"{1e3 * p['seconds']:.1f} ms, {p['over_read']:.2f} of the C read")
+              f"{1e3 * p['seconds']:.1f} ms, {2 * 8 * p['bytes'] / 4 / p['seconds'] / 1e9:.0f} "
+              f"GFLOP/s, {p['over_read']:.2f} of the C read")
 
 # %% [markdown]
-# **Batch 1 copies its KV cache.** The README reports that XLA:CPU (jax 0.10.2) compiles the
-# batch-1 decode step with 4 copies of every K and V cache array per step and none at batch 2:
-# a dot over the just-written cache whose batch axis of 1 XLA drops triggers it
-# (`tests/test_cache_in_place.py`, a strict xfail until it goes). At context 128 the copies are
-# small; at context 2048 the README's committed breakdown has them as the largest op (25.2 ms
-# of a 93.8 ms step). Counted here, in this machine's compiled decode step of the `tiny`
-# preset (a copy of an array of a cache array's shape, in the optimized HLO):
+# **Batch 1 no longer copies its KV cache.** XLA:CPU (jax 0.10.2) compiled the batch-1
+# decode step with 4 copies of every K and V cache array per step and none at batch 2: a dot
+# over the just-written cache whose batch axis of 1 XLA drops triggered it. At context 2048
+# the copies were the step's largest op. The batch-1 cache copies were removed by computing
+# the batch-1 decode attention as a multiply-and-sum (`attend_one_summed` in
+# `refmodel/attention/common.py`), a reduce that reads the written cache directly. With one
+# query head per KV head (MHA), where that sum is much slower than the einsum, and in MLA's
+# absorbed form, batch 1 still copies. `tests/test_cache_in_place.py` checks that no copy is
+# left and keeps the trigger as a reproduction. Counted here, in this machine's compiled decode
+# step of the `tiny` preset (GQA; a copy of an array of a cache array's shape, in the optimized
+# HLO):
 
 # %%
 def whole_cache_copies(cfg, batch: int, context: int) -> tuple[int, int]:

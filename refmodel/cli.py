@@ -116,11 +116,11 @@ def kernels_report() -> tuple[str, int]:
              f"built by {build._version(cxx)} with {' '.join(build.FLAGS)}"]
     rng = np.random.default_rng(0)
     worst = 0.0
-    for m, k, n in ((1, 1024, 300), (2, 100, 37), (8, 4096, 64), (17, 7, 5)):  # x [M, K], w [N, K]
+    for m, k, n in ((1, 1024, 300), (2, 100, 37), (8, 4096, 64), (17, 7, 5)):  # x [M, K], w [K, N]
         x = rng.standard_normal((m, k)).astype(np.float32)
-        w = rng.standard_normal((n, k)).astype(np.float32)
-        want = x.astype(np.float64) @ w.T.astype(np.float64)
-        got = np.asarray(kernels.rows(x, w), np.float64)
+        w = rng.standard_normal((k, n)).astype(np.float32)
+        want = x.astype(np.float64) @ w.astype(np.float64)
+        got = np.asarray(kernels.rows(x, kernels.panels(w), n), np.float64)
         worst = max(worst, float(np.abs(got - want).max() / np.abs(want).max()))
     ok = worst < 1e-5
     lines.append(f"rows(x, w) against numpy on 4 shapes (1-17 rows): largest error "

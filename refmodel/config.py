@@ -121,8 +121,8 @@ class ModelConfig:
     kv_format: str = "none"
     quant_activations: bool = False
     # The weight products (refmodel/kernels): XLA's on the [K, N] weights as written, XLA's on
-    # weights stored output-major [N, K], or those plus the native kernel built for this CPU
-    # for 2-16 rows (float32 matrices; XLA keeps the rest and every GEMM of many rows).
+    # weights stored output-major [N, K], or the native kernel built for this CPU on weights
+    # stored in its panels (float32 matrices, every x @ w; einsum products stay XLA's).
     matmul: str = "xla"
 
     def __post_init__(self):

@@ -94,7 +94,7 @@ class Transformer(nnx.Module):
             self.lm_head = param(rngs, (D, V), D, dtype)  # [D, V]
         if cfg.weight_format != "none":  # drawn in float, then quantized (refmodel/quant.py)
             quant.quantize_weights(self, cfg.weight_format, cfg.quant_activations)
-        if cfg.matmul != "xla":  # drawn in float, then stored output-major (refmodel/kernels)
+        if cfg.matmul != "xla":  # drawn in float, then stored for its products (refmodel/kernels)
             from refmodel import kernels
 
             kernels.convert(self, native=cfg.matmul == "native")

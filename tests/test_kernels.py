@@ -24,59 +24,77 @@ pytestmark = pytest.mark.skipif(not kernels.available(),
                                 reason=f"native kernels not built: {build.why_not()}")
 
 
+def native_rows(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x [M, K] @ w [K, N] in the kernel, w stored in its panels."""
+    return np.asarray(kernels.rows(jnp.asarray(x), kernels.panels(jnp.asarray(w)), w.shape[1]))
+
+
 @settings(max_examples=16, deadline=None)
-@given(m=st.integers(1, 17), k=st.integers(1, 150), n=st.integers(1, 300),
+@given(m=st.integers(1, 40), k=st.integers(1, 150), n=st.integers(1, 300),
        seed=st.integers(0, 2**16))
 def test_rows_equals_numpy(m, k, n, seed):
-    """Every tail: rows of x past a pass (4 with AVX2, 8 with AVX-512) and a second pass, K past
-    a multiple of the vector width, an odd N, N past a tile, a chunk of 16 and a thread's share
-    of several chunks. Float32 sums in another order: within 1e-5 of the scale."""
+    """Every tail: rows of x past a pass (4 with AVX2, 8 with AVX-512) and several passes, K
+    past the unrolled inputs, an N that ends inside a panel or inside a vector, a thread's
+    share of several panels. Float32 sums in another order: within 1e-5 of the scale."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((m, k)).astype(np.float32)
-    w = rng.standard_normal((n, k)).astype(np.float32)
-    oracle = x.astype(np.float64) @ w.T.astype(np.float64)
-    got = np.asarray(kernels.rows(jnp.asarray(x), jnp.asarray(w)))
-    np.testing.assert_allclose(got, oracle, rtol=1e-5, atol=1e-5 * np.sqrt(k))
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    oracle = x.astype(np.float64) @ w.astype(np.float64)
+    np.testing.assert_allclose(native_rows(x, w), oracle, rtol=1e-5, atol=1e-5 * np.sqrt(k))
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 9, 16, 17])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33])
 def test_rows_every_pass_and_tile(m):
-    """Each tile the kernel has (1-8 rows of x per pass, 1-4 rows of w per tile) and a second
-    and third pass, on a K with a vector tail and an N of 333: tails of tiles, chunks and of
-    the threads' shares, deterministically (the property test above samples them)."""
+    """Each tile the kernel has (1-8 rows of x per pass) and a second to fifth pass, on a K
+    that is not a multiple of the unrolling and an N of 333 (the last panel ends inside a
+    vector): tails of tiles, panels and of the threads' shares, deterministically (the property
+    test above samples them)."""
     rng = np.random.default_rng(m)
-    x = rng.standard_normal((m, 100)).astype(np.float32)
-    w = rng.standard_normal((333, 100)).astype(np.float32)
-    oracle = x.astype(np.float64) @ w.T.astype(np.float64)
-    got = np.asarray(kernels.rows(jnp.asarray(x), jnp.asarray(w)))
-    np.testing.assert_allclose(got, oracle, rtol=1e-5, atol=1e-4)
+    x = rng.standard_normal((m, 101)).astype(np.float32)
+    w = rng.standard_normal((101, 333)).astype(np.float32)
+    oracle = x.astype(np.float64) @ w.astype(np.float64)
+    np.testing.assert_allclose(native_rows(x, w), oracle, rtol=1e-5, atol=1e-4)
+
+
+def test_panels_layout():
+    """panels(w)[p, k, j] = w[k, 32 p + j], zero past N."""
+    w = np.arange(3 * 70, dtype=np.float32).reshape(3, 70)
+    wp = np.asarray(kernels.panels(jnp.asarray(w)))
+    assert wp.shape == (3, 3, kernels.PANEL)
+    for p in range(3):
+        for j in range(kernels.PANEL):
+            col = w[:, p * kernels.PANEL + j] if p * kernels.PANEL + j < 70 else 0.0
+            np.testing.assert_array_equal(wp[p, :, j], col)
 
 
 def test_rows_refuses_other_dtypes_and_shapes():
-    x, w = jnp.ones((2, 8)), jnp.ones((3, 8))
+    x, wp = jnp.ones((2, 8)), kernels.panels(jnp.ones((8, 40)))
     with pytest.raises(ValueError, match="float32"):
-        kernels.rows(x.astype(jnp.bfloat16), w)
-    with pytest.raises(ValueError, match="one K"):
-        kernels.rows(x, jnp.ones((3, 9)))
+        kernels.rows(x.astype(jnp.bfloat16), wp, 40)
+    with pytest.raises(ValueError, match="one K.*n=40"):
+        kernels.rows(jnp.ones((2, 9)), wp, 40)
+    with pytest.raises(ValueError, match="n=70"):
+        kernels.rows(x, wp, 70)  # 40 outputs are 2 panels, 70 would be 3
 
 
-@pytest.mark.parametrize("native", [True, False])
-@pytest.mark.parametrize("rows", [1, 3, kernels.FEW_ROWS, kernels.FEW_ROWS + 5])
-def test_output_major_weight_is_a_drop_in(rows, native):
-    """x @ OutputMajor(w) == x @ w on every path (XLA's GEMV for 1 row, the kernel for 2-16,
-    XLA's GEMM above; XLA only with native=False), for each matrix of a stack of three;
-    dequantize() gives w back."""
+@pytest.mark.parametrize("form", ["Panels", "OutputMajor"])
+@pytest.mark.parametrize("rows", [1, 3, 16, 41])
+def test_stored_weights_are_a_drop_in(rows, form):
+    """x @ Panels(w) (the kernel, whatever the rows) and x @ OutputMajor(w) (XLA) == x @ w, for
+    each matrix of a stack of three; dequantize() gives w back."""
     rng = np.random.default_rng(rows)
-    w = jnp.asarray(rng.standard_normal((3, 70, 24)), jnp.float32)  # [E, K, N]
+    w = jnp.asarray(rng.standard_normal((3, 70, 37)), jnp.float32)  # [E, K, N]
     x = jnp.asarray(rng.standard_normal((1, rows, 70)), jnp.float32)  # [B, T, K]
-    om = kernels.OutputMajor.of(w, lead=1, native=native)
-    np.testing.assert_array_equal(np.asarray(om.dequantize()), np.asarray(w))
+    stored = getattr(kernels, form).of(w, lead=1)
+    np.testing.assert_array_equal(np.asarray(stored.dequantize()), np.asarray(w))
     for e in range(3):
-        got = x @ om[...][e]
-        assert got.shape == (1, rows, 24)
+        got = x @ stored[...][e]
+        assert got.shape == (1, rows, 37)
         np.testing.assert_allclose(np.asarray(got), np.asarray(x @ w[e]), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="float32"):
-        kernels.OutputMajor.of(w.astype(jnp.bfloat16), lead=1)
+        getattr(kernels, form).of(w.astype(jnp.bfloat16), lead=1)
+    with pytest.raises(IndexError, match="leading"):
+        stored[0][0]
 
 
 # One layer of every registered attention kind, a dense FFN and a MoE: every product a model
@@ -112,16 +130,17 @@ def test_model_is_golden_and_equals_the_xla_model(matmul):
     np.testing.assert_array_equal(np.asarray(got.argmax(-1)), np.asarray(want.argmax(-1)))
 
 
-@pytest.mark.parametrize("matmul, batch, calls", [("native", 2, 7 * 2 + 1), ("native", 1, 0),
-                                                  ("output-major", 2, 0)])
-def test_the_kernel_runs_where_it_should(matmul, batch, calls):
-    """No silent fallback: a native decode step at batch 2 holds one custom call per `x @ w`
-    product (dense GQA layer: q, k, v, o, gate, up, down; plus the LM head); at batch 1, and
-    with matmul='output-major', none (XLA's GEMV over the output-major weight)."""
+@pytest.mark.parametrize("matmul, phase, batch, calls", [
+    ("native", "decode", 2, 7 * 2 + 1), ("native", "decode", 1, 7 * 2 + 1),
+    ("native", "prefill", 1, 7 * 2 + 1), ("output-major", "decode", 2, 0)])
+def test_the_kernel_runs_where_it_should(matmul, phase, batch, calls):
+    """No silent fallback: a native step (decode at batch 1 or 2, a prefill of 8 tokens) holds
+    one custom call per `x @ w` product (dense GQA layer: q, k, v, o, gate, up, down; plus the
+    LM head); with matmul='output-major', none (XLA's products over the output-major weight)."""
     cfg = tiny(attention="gqa", n_layers=2)
     model = refmodel.init(cfg.replace(matmul=matmul), seed=0)
     phases = refmodel.Phases(model)
-    text = phases.jitted["decode"].lower(*phases.example_args("decode", batch, 8)).as_text()
+    text = phases.jitted[phase].lower(*phases.example_args(phase, batch, 8)).as_text()
     assert text.count(build.TARGETS["RowsF32"]) == calls
 
 
@@ -183,9 +202,10 @@ def test_a_broken_build_is_reported_not_loaded(tmp_path, monkeypatch):
 
 def test_jit_and_eager_agree():
     x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 33)), jnp.float32)
-    w = jnp.asarray(np.random.default_rng(1).standard_normal((5, 33)), jnp.float32)
-    np.testing.assert_array_equal(np.asarray(jax.jit(kernels.rows)(x, w)),
-                                  np.asarray(kernels.rows(x, w)))
+    wp = kernels.panels(jnp.asarray(np.random.default_rng(1).standard_normal((33, 5)),
+                                    jnp.float32))
+    np.testing.assert_array_equal(np.asarray(jax.jit(kernels.rows, static_argnums=2)(x, wp, 5)),
+                                  np.asarray(kernels.rows(x, wp, 5)))
 
 
 def test_sharding_refuses_output_major_weights():

@@ -22,7 +22,7 @@ COLORS = {"xla": PALETTE[0], "output-major": PALETTE[5], "native": PALETTE[1],
           "llama.cpp": PALETTE[2], "transformers": PALETTE[4], "roof": "0.3"}
 NAMES = {"xla": "ours: XLA, weights [K, N] as written",
          "output-major": "ours: XLA, weights stored [N, K]",
-         "native": "ours: [N, K], native kernel for 2-16 rows"}
+         "native": "ours: native kernel, weights stored in its panels"}
 SHORT = {"xla": "XLA [K, N]", "output-major": "XLA [N, K]", "native": "native kernel"}
 
 
@@ -33,15 +33,12 @@ def _row(result: dict, program: str, batch: int) -> dict | None:
 
 def title(result: dict) -> str:
     """What batch 1 reached (share of the C read, speed over llama.cpp when it ran) and what
-    the largest batch reached (share of its roof), per program, from the table. At batch 1
-    the native program runs XLA's GEMV over [N, K] (the kernel takes 2-16 rows): it is a
-    second measurement of the output-major path and is not repeated in the title."""
+    the largest batch reached (share of its roof), per program, from the table."""
     parts, big = [], []
     batches = result["setup"]["batches"]
     for program in result["programs"]:
         row = _row(result, program, 1)
-        if row is not None and row["over_read"] is not None and not (
-                program == "native" and "output-major" in result["programs"]):
+        if row is not None and row["over_read"] is not None:
             text = f"{SHORT[program]} {row['over_read']:.2f} of the C read"
             if row.get("over_llama.cpp") is not None:
                 text += f", {row['over_llama.cpp']:.2f}x llama.cpp"
@@ -112,9 +109,7 @@ def decode_figure(result: dict):
     right.set_ylabel("ratio, batch 1 (same round)")
     right.set_ylim(bottom=0)
     right.legend(fontsize=8, loc="lower left")
-    right.set_title("batch 1, round by round" + (
-        "\n(at 1 row native = XLA [N, K]: one program measured twice)"
-        if {"native", "output-major"} <= set(result["programs"]) else ""), fontsize=10)
+    right.set_title("batch 1, round by round", fontsize=10)
     fig.suptitle(title(result), fontsize=10)
     fig.supxlabel(f"{machine_name(result.get('environment'))}; memory: "
              f"{result['read_program']}, compute: {result['gemm_program']}",
@@ -159,10 +154,28 @@ def decode_summary(result: dict) -> str:
         p0 = result["products"][0]
         lines += ["", f"The {p0['products']} weight products of a step alone "
                   f"({p0['bytes'] / 1e9:.2f} GB), chained, per number of rows (weights as "
-                  "written, [K, N], or stored output-major, [N, K]):", "",
+                  "written, [K, N], stored output-major, [N, K], or in the native kernel's "
+                  "panels):", "",
                   "| rows | form | ms | bytes/s over C read |", "|---|---|---|---|"]
         lines += [f"| {p['rows']} | {p['form']} | {_fmt(1e3 * p['seconds'])} | "
                   f"{_fmt(p['over_read'])} |" for p in result["products"]]
+    above = ([(f"{p['form']} at {p['rows']} rows", p["bytes"] / p["seconds"])
+              for p in result.get("products", []) if (p["over_read"] or 0) > 1]
+             + [(f"{r['program']} at batch {r['batch']}", None) for r in result["table"]
+                if (r["over_read"] or 0) > 1])
+    if above:
+        reads = [x for r in result["rounds"] for x in r["read_bytes_per_s"]]
+        beyond = [name for name, rate in above if rate and rate > max(reads)]
+        lines.append(
+            f"\nAbove the C read of their rounds (median > 1): "
+            f"{'; '.join(n + (f' ({r / 1e9:.1f} GB/s)' if r else '') for n, r in above)}. "
+            "Each round's roof is the faster of the reads before and after it, and the machine's "
+            f"bandwidth moved within rounds (reads: {', '.join(f'{x / 1e9:.1f}' for x in reads)}"
+            " GB/s): a program timed in a fast moment beats a read taken in a slow one. "
+            + (f"Faster than every read of the run ({max(reads) / 1e9:.1f} GB/s): "
+               f"{'; '.join(beyond)}; no read was taken in that moment, so this run cannot tell "
+               "drift from a read peer slower than the memory." if beyond else
+               f"None is faster than the fastest read of the run ({max(reads) / 1e9:.1f} GB/s)."))
     for name, p in result["peer_table"].items():
         lines.append(f"\n{name}: {_fmt(1e3 * p['step_s'])} ms per step at batch 1 (spread "
                      f"{_fmt(p['step_spread'] and 100 * p['step_spread'], '.0f')}% over rounds)")

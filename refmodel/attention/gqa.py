@@ -153,11 +153,13 @@ class GroupedQueryAttention(AttentionLayer):
             y = o @ self.wo[...]  # [B, T, D]
             return y + self.bo[...] if self.cfg.attn_bias else y
 
-    def core(self, q, k, v, mask):
+    def core(self, q, k, v, mask, written: bool = False):
+        """`attend`; written=True when k, v are the caches this step has just written."""
         sinks = None
         if self.cfg.attn_sinks:
             sinks = self.sinks[...].reshape(self.K, -1)  # [K, G]
-        return attend(q, k, v, mask, self.cfg.softmax_scale, self.cfg.attn_softcap, sinks)
+        return attend(q, k, v, mask, self.cfg.softmax_scale, self.cfg.attn_softcap, sinks,
+                      written)
 
     def __call__(self, x: jax.Array, start: jax.Array, cache: KVCache | None):
         positions = positions_of(start, x.shape[1])  # [T], or [B, T] for a start per row
@@ -169,7 +171,7 @@ class GroupedQueryAttention(AttentionLayer):
             cache = KVCache(k=write_at(cache.k, k, start, 2), v=write_at(cache.v, v, start, 2))
         k_pos = jnp.arange(cache.k.shape[2], dtype=jnp.int32)  # [S]
         o = self.core(q, cache_read(cache.k, q.dtype), cache_read(cache.v, q.dtype),
-                      causal_mask(positions, k_pos))  # mask [T, S] or [B, T, S]
+                      causal_mask(positions, k_pos), written=True)  # mask [T, S] or [B, T, S]
         return self.output(x, o), cache
 
     @classmethod

@@ -121,7 +121,8 @@ class SlidingWindowAttention(GroupedQueryAttention):
             k_pos = jnp.concatenate([cache.pos, jnp.broadcast_to(positions, (B, T))],
                                     axis=1)  # [B, W + T]
         o = self.core(q, keys.astype(q.dtype), values.astype(q.dtype),
-                      causal_mask(positions, k_pos, W))  # mask [B, T, S]; o [B, T, K, G, H]
+                      causal_mask(positions, k_pos, W),
+                      written=T == 1)  # mask [B, T, S]; o [B, T, K, G, H]
         if T > 1:
             with jax.named_scope("kv_write"):
                 cache = ring_write(cache, k, v, positions)

@@ -9,7 +9,8 @@ and XLA:CPU's GEMV/few-row GEMM streams them below the memory's speed (issue 18'
 
 `rows.cc` is that product in ~150 lines of C++; `build.py` compiles it for this machine on
 first use; `rows.py` wraps it as an XLA custom call (`jax.ffi.ffi_call`) and as a weight type
-(`OutputMajor`) that modules multiply with as they do with any weight. Choosing it is one
+(`Panels`: the weight stored in the kernel's layout) that modules multiply with as they do
+with any weight. Choosing it is one
 config field: `refmodel.init(cfg.replace(matmul="native"))`, or `use_native(model)` for a
 model you already have. The pure-JAX path (`matmul="xla"`) stays the default, the fallback
 where no compiler is found, and the reference every kernel is tested against.
@@ -20,9 +21,9 @@ from __future__ import annotations
 from flax import nnx
 
 from refmodel.kernels.build import load, why_not
-from refmodel.kernels.rows import FEW_ROWS, NATIVE_ROWS, OutputMajor, rows
+from refmodel.kernels.rows import PANEL, OutputMajor, Panels, panels, rows
 
-__all__ = ["FEW_ROWS", "NATIVE_ROWS", "OutputMajor", "available", "convert", "load", "rows",
+__all__ = ["PANEL", "OutputMajor", "Panels", "available", "convert", "load", "panels", "rows",
            "use_native", "why_not"]
 
 
@@ -33,8 +34,9 @@ def available() -> bool:
 
 def convert(model: nnx.Module, native: bool = True) -> nnx.Module:
     """Replace, in place, every float32 matrix [*lead, K, N] the modules declare (`MATRICES`)
-    by its `OutputMajor` form (native=False: multiplied by XLA only); other weights (quantized,
-    or products over several axes taken by einsum) stay as they are."""
+    by its `Panels` form (the native kernel's layout), or with native=False its `OutputMajor`
+    form (multiplied by XLA only); other weights (quantized, or products over several axes
+    taken by einsum) stay as they are."""
     from refmodel.quant import matrices
 
     if native and not load():
@@ -43,17 +45,17 @@ def convert(model: nnx.Module, native: bool = True) -> nnx.Module:
     for _, module in nnx.iter_modules(model):
         for name, (lead, contract) in matrices(module).items():
             value = getattr(module, name)[...]
-            if (not isinstance(value, OutputMajor) and hasattr(value, "ndim")
+            if (not isinstance(value, (OutputMajor, Panels)) and hasattr(value, "ndim")
                     and contract == 1 and value.ndim == lead + 2):
-                setattr(module, name,
-                        nnx.Param(OutputMajor.of(value, lead, contract, native)))
+                form = Panels if native else OutputMajor
+                setattr(module, name, nnx.Param(form.of(value, lead, contract)))
     return model
 
 
 def use_native(model: nnx.Module, matmul: str = "native") -> nnx.Module:
-    """A copy of `model` (matmul='xla') whose weights are stored output-major and multiplied as
-    `matmul` says: 'native' (the kernel for 2-16 rows) or 'output-major' (XLA only). Same
-    weights, same outputs to float rounding."""
+    """A copy of `model` (matmul='xla') whose weights are stored as `matmul` says: 'native' (in
+    the kernel's panels, every product the kernel's) or 'output-major' ([N, K], XLA's
+    products). Same weights, same outputs to float rounding."""
     import dataclasses
 
     if model.cfg.matmul != "xla":

@@ -1,31 +1,42 @@
-// y = x w^T for a few rows of x: the weight products of a decode step, on the CPU's cores.
+// y = x w: the weight products of a model's step, on the CPU's cores; built for the few rows of
+// a decode step, and a GEMM for the many of a prefill.
 //
 // x [M, K] (M = the step's tokens: 1 at batch 1, a few more at small batch or in a
-// speculative verify), w [N, K] stored output-major as ggml/llama.cpp store it, so each output
-// is a dot product over one contiguous row of w and every core streams its own contiguous block
-// of rows: the weight is read once, front to back, at the speed of memory. y [M, N].
+// speculative verify, the prompt's tokens in a prefill). w [K, N] stored in panels, wp [N / P,
+// K, P]: P = 32 outputs side by side for every input k, each panel contiguous (the layout of a
+// BLAS GEMM's packed B operand, kept for good instead of packed per call). A panel is read
+// once, front to back, and each 128-byte row of it meets M inputs: y[m, panel] += x[m, k] *
+// wp[panel, k, :], x[m, k] broadcast to every lane, so the M x P outputs stay in registers
+// over all of K and no horizontal sum is ever needed. y [M, N]; outputs past N in the last
+// panel are zero weights.
 //
-// Work: the N output rows are cut into SHARES blocks per thread (whole CHUNKs of 16 rows), taken
-// from a shared counter by the calling thread and by tasks scheduled on XLA's own intra-op
-// thread pool (the FFI's ThreadPool context), so the kernel uses the cores XLA uses and never
-// oversubscribes them. A task that starts after every block is taken finds none and returns.
+// Work: the panels are cut into SHARES blocks per thread, taken from a shared counter by the
+// calling thread and by tasks scheduled on XLA's own intra-op thread pool (the FFI's ThreadPool
+// context), so the kernel uses the cores XLA uses and never oversubscribes them. A task that
+// starts after every block is taken finds none and returns.
 //
-// Inner loop (`tile`): R rows of w against B rows of x over all of K, the R x B dot products in
-// registers (R x B + R + 1 vectors: R = 4 for up to 4 rows of x, 3 for 5-8 with AVX-512's 32
-// registers; 4 then 2 with 16), each with enough partial sums for 8 independent FMA chains.
-// Rows of x past a pass (MB) re-read the chunk's 16 rows of w from L2.
+// Inner loop (`tile`): B rows of x against CV vectors of a panel row (AVX-512: the whole
+// row, 2 vectors; AVX2 2 of 4, SSE 2 of 8), B x CV accumulators; per input k, CV loads of w,
+// B broadcasts of x, B x CV fused multiply-adds. B <= MB rows per pass (8 with AVX-512's 32
+// registers, 4 with 16); more rows re-read the panel from L2, which holds it (K x 128 bytes).
+// The weight row PF inputs ahead is prefetched into L2.
 //
-// Measured on a 2-core Zen 4 (AVX-512), 113 chained products of llama-309m's shapes (1.10 GB),
-// interleaved with the kernel this one replaced (K blocked by 1024, 2 rows of w per 4 of x, 16
-// rows per unit of work), 2 / 4 / 8 / 16 rows: 46 / 54-61 / 75-79 / 114-117 ms before, 37-40 /
-// 38-43 / 52-54 / 83-89 ms now. What did it: loaded vectors pinned in registers (`PIN`; GCC
-// otherwise folds a load into every FMA: 4 rows on an L3-resident weight 63 -> 117 GFLOP/s),
-// x packed so that a step's B vectors are adjacent (`pack`; measured only together with the
-// pin), the next tile's rows prefetched into L2 (into L1 was 10-20% slower) and fewer, longer
-// blocks per thread (8 rows: 54 -> 49 ms). refmodel/kernels/rows.py says
-// which rows come here (2-16) and which stay XLA's. Vectors are GCC vector extensions of the
-// widest native width (the idiom of microbench/native.py's STREAM kernels); -march=native
-// picks AVX-512, AVX2 or SSE at build time; -ffp-contract=fast makes `a += v * x` one FMA.
+// Measured on a 2-core Zen 4 (AVX-512), 2026-12-02. 113 chained products of llama-309m's
+// shapes (1.10 GB), interleaved in one process (OpenMP threads, the same blocks of work) with
+// the kernel this one replaced (the weight as [N, K] rows, R rows of w x B rows of x as dot
+// products, a horizontal sum per output), median ratio new / old over 11 rounds at 1 / 2 / 3
+// / 8 / 17 rows: 0.91 / 0.91 / 0.93 / 0.68 / 0.71 (8 rows: 32.9 ms, 134 GFLOP/s). With the
+// weight in L2 (512 KiB per core), 1 / 4 / 8 / 16 rows: 74 / 180 / 204 / 202 GFLOP/s on both
+// cores against 63 / 136 / 150 / 139 (numpy's 2048^3 GEMM: 185-189). Through JAX, chained as
+// above, against XLA's GEMM over [K, N] in the same rounds: 128 rows 410 vs 534 ms, 512 rows
+// 1642 vs 1725 ms. Tried and dropped: the prefetch off, or 64 or 128 inputs ahead, or as a
+// non-temporal hint (up to 2x slower at 1 row), panels of 48 or 64 outputs (no better), 16 or
+// 64 blocks per thread instead of 4 (8 rows 0.76 -> 0.82-0.85 of the old kernel's time), x
+// blocks padded to 8 rows (1 row 4% slower than the old kernel: x no longer fit L1).
+// refmodel/kernels/rows.py's `Panels` sends every `x @ w` of a model here. Vectors are GCC
+// vector extensions of the widest native width (the idiom of microbench/native.py's STREAM
+// kernels); -march=native picks AVX-512, AVX2 or SSE at build time; -ffp-contract=fast makes
+// `a += v * x` one FMA.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -49,8 +60,8 @@ constexpr int REGS = 16;
 #endif
 typedef float vec __attribute__((vector_size(4 * VL), aligned(4)));  // unaligned loads allowed
 
-// Keep a loaded vector in a register: without it GCC 12 folds the loads of w and x into the
-// FMAs, one load per FMA instead of one per R or B of them.
+// Keep a loaded vector in a register: without it GCC 12 folds the loads of w into the FMAs,
+// one load per FMA instead of one per B of them.
 #if defined(__AVX512F__)
 #define PIN(v) __asm__("" : "+v"(v))
 #elif defined(__x86_64__) || defined(__i386__)
@@ -61,141 +72,125 @@ typedef float vec __attribute__((vector_size(4 * VL), aligned(4)));  // unaligne
 #define PIN(v) (void)0
 #endif
 
-constexpr int64_t CHUNK = 16;  // rows of w per group of passes; blocks of work are whole CHUNKs
+constexpr int64_t P = 32;  // outputs per panel: rows.py's PANEL, the stored layout
+constexpr int NV = P / VL;               // vectors per panel row
+constexpr int CV = NV < 2 ? NV : 2;      // of them per tile
+constexpr int MB = REGS >= 32 ? 8 : 4;   // rows of x per pass over a panel
+constexpr int64_t PF = 16;               // inputs ahead to prefetch (2 KiB of the panel)
 constexpr int64_t SHARES = 4;  // blocks of work per thread: a late or slowed thread is covered
-constexpr int MB = REGS >= 32 ? 8 : 4;  // rows of x per pass over a chunk of w
 
-static inline float hsum(vec v) {
-  float s = 0.0f;
-  for (int64_t i = 0; i < VL; i++) s += v[i];
-  return s;
-}
-
-// Rows n0 .. n0 + R of w against rows m0 .. m0 + B of x over all K inputs: R x B dot products
-// in registers, each with U partial sums so that at least 8 independent FMA chains hide the
-// FMA latency even for one row of x. Per step: R + B loads, R x B fused multiply-adds. x comes
-// packed (`pack`): the B vectors a step needs are adjacent.
-template <int R, int B>
-static void tile(const float* xp, int64_t M, const float* w, float* y, int64_t K, int64_t N,
-                 int64_t n0, int64_t m0) {
-  constexpr int U = (R * B >= 8) ? 1 : (R * B >= 4 ? 2 : 4);
-  const int64_t kv = K / (VL * U) * (VL * U);
-  vec acc[R][B][U];
-  for (int r = 0; r < R; r++)
+// Rows m0 .. m0 + B of x against vectors c0 .. c0 + CV of panel pw's rows, over all K inputs.
+// xb is x's block of rows m0 .. m0 + B, transposed ([K, B], `pack`): the B inputs of a step
+// are adjacent. U partial sums per output so that at least 8 independent FMA chains hide the
+// FMA latency even for one row of x.
+template <int B>
+static void tile(const float* xb, int64_t m0, const float* pw, int c0, int64_t K, float* y,
+                 int64_t N, int64_t n0) {
+  constexpr int U = (B * CV >= 8) ? 1 : (B * CV >= 4 ? 2 : 4);
+  vec acc[U][B][CV];
+  for (int u = 0; u < U; u++)
     for (int b = 0; b < B; b++)
-      for (int u = 0; u < U; u++) acc[r][b][u] = vec{};
-  const float* wr[R];
-  for (int r = 0; r < R; r++) wr[r] = w + (n0 + r) * K;
-  const bool ahead = n0 + 2 * R <= N;
-  const float* xb = xp + m0 * VL;  // vector j of row m0 + b: xb[(j * M + b) * VL]
-  for (int64_t k = 0; k < kv; k += VL * U) {
+      for (int v = 0; v < CV; v++) acc[u][b][v] = vec{};
+  const float* w = pw + c0 * VL;
+  const int64_t ku = K / U * U;
+  for (int64_t k = 0; k < ku; k += U) {
     for (int u = 0; u < U; u++) {
-      vec wv[R];
-      for (int r = 0; r < R; r++) {
-        wv[r] = *(const vec*)(wr[r] + k + u * VL);
-        PIN(wv[r]);
+      const float* wk = w + (k + u) * P;
+      __builtin_prefetch(wk + PF * P, 0, 2);  // past the panel's end: the next panel
+      vec wv[CV];
+      for (int v = 0; v < CV; v++) {
+        wv[v] = *(const vec*)(wk + v * VL);
+        PIN(wv[v]);
       }
-      if (ahead)  // the next tile's rows, at the same offset, into L2 (into L1 was slower)
-        for (int r = 0; r < R; r++) __builtin_prefetch(wr[r] + R * K + k + u * VL, 0, 2);
-      const float* xv = xb + (k / VL + u) * M * VL;
+      const float* xk = xb + (k + u) * B;
       for (int b = 0; b < B; b++) {
-        vec v = *(const vec*)(xv + b * VL);
-        PIN(v);
-        for (int r = 0; r < R; r++) acc[r][b][u] += wv[r] * v;
+        const vec xb = vec{} + xk[b];
+        for (int v = 0; v < CV; v++) acc[u][b][v] += xb * wv[v];
       }
     }
   }
-  for (int r = 0; r < R; r++)
-    for (int b = 0; b < B; b++) {
-      vec a = acc[r][b][0];
-      for (int u = 1; u < U; u++) a += acc[r][b][u];
-      float s = hsum(a);
-      for (int64_t k = kv; k < K; k++) s += wr[r][k] * xb[((k / VL) * M + b) * VL + k % VL];
-      y[(m0 + b) * N + n0 + r] = s;
+  for (int64_t k = ku; k < K; k++)
+    for (int b = 0; b < B; b++)
+      for (int v = 0; v < CV; v++)
+        acc[0][b][v] += (vec{} + xb[k * B + b]) * *(const vec*)(w + k * P + v * VL);
+  for (int b = 0; b < B; b++)
+    for (int v = 0; v < CV; v++) {
+      vec a = acc[0][b][v];
+      for (int u = 1; u < U; u++) a += acc[u][b][v];
+      const int64_t n = n0 + (c0 + v) * VL;
+      float* yr = y + (m0 + b) * N + n;
+      if (n + VL <= N)
+        *(vec*)yr = a;
+      else
+        for (int64_t l = 0; l < N - n; l++) yr[l] = a[l];
     }
 }
 
-// The rows of w a tile takes for B rows of x: R x B accumulators, R rows of w and one row of x
-// must fit the registers.
-template <int B>
-constexpr int rows_for() {
-  if (REGS >= 32) return B <= 4 ? 4 : 3;
-  return B <= 2 ? 4 : 2;
-}
-
-template <int B>
-static void pass(const float* x, int64_t M, const float* w, float* y, int64_t K, int64_t N,
-                 int64_t n0, int64_t n1, int64_t m0) {
-  constexpr int R = rows_for<B>();
-  int64_t n = n0;
-  for (; n + R <= n1; n += R) tile<R, B>(x, M, w, y, K, N, n, m0);
-  for (; n < n1; n++) tile<1, B>(x, M, w, y, K, N, n, m0);
-}
-
-// Output rows n0 .. n1 for every row of x, CHUNK rows at a time, MB rows of x per pass over
-// those rows of w: the first pass reads them from memory, later ones (M > MB) from L2. (With
-// MB = 4 the cases past 4 never run; they name pass<1> only so that no tile is instantiated
-// that the registers cannot hold.)
-static void chunk(const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t N,
-                  int64_t n0, int64_t n1) {
-  for (int64_t c0 = n0; c0 < n1; c0 += CHUNK) {
-    const int64_t c1 = std::min(n1, c0 + CHUNK);
+// Panel p for every row of x: MB rows of x per pass, CV vectors of the panel per tile. The
+// first pass reads the panel from memory, later ones (more rows, other vectors) from L2.
+// (With MB = 4 the cases past 4 never run; they name tile<1> only so that no tile is
+// instantiated that the registers cannot hold.)
+static void panel(const float* xp, const float* wp, float* y, int64_t M, int64_t K, int64_t N,
+                  int64_t p) {
+  const float* pw = wp + p * K * P;
+  const int64_t n0 = p * P;
+  for (int c0 = 0; c0 < NV; c0 += CV) {
+    if (n0 + c0 * VL >= N) break;  // vectors wholly past N: zero weights, nothing to write
     for (int64_t m0 = 0; m0 < M; m0 += MB) {
+      const float* xb = xp + m0 * K;
       switch (std::min<int64_t>(MB, M - m0)) {
-        case 1: pass<1>(x, M, w, y, K, N, c0, c1, m0); break;
-        case 2: pass<2>(x, M, w, y, K, N, c0, c1, m0); break;
-        case 3: pass<3>(x, M, w, y, K, N, c0, c1, m0); break;
-        case 4: pass<4>(x, M, w, y, K, N, c0, c1, m0); break;
-        case 5: pass<(MB >= 5 ? 5 : 1)>(x, M, w, y, K, N, c0, c1, m0); break;
-        case 6: pass<(MB >= 6 ? 6 : 1)>(x, M, w, y, K, N, c0, c1, m0); break;
-        case 7: pass<(MB >= 7 ? 7 : 1)>(x, M, w, y, K, N, c0, c1, m0); break;
-        default: pass<MB>(x, M, w, y, K, N, c0, c1, m0); break;
+        case 1: tile<1>(xb, m0, pw, c0, K, y, N, n0); break;
+        case 2: tile<2>(xb, m0, pw, c0, K, y, N, n0); break;
+        case 3: tile<3>(xb, m0, pw, c0, K, y, N, n0); break;
+        case 4: tile<4>(xb, m0, pw, c0, K, y, N, n0); break;
+        case 5: tile<(MB >= 5 ? 5 : 1)>(xb, m0, pw, c0, K, y, N, n0); break;
+        case 6: tile<(MB >= 6 ? 6 : 1)>(xb, m0, pw, c0, K, y, N, n0); break;
+        case 7: tile<(MB >= 7 ? 7 : 1)>(xb, m0, pw, c0, K, y, N, n0); break;
+        default: tile<MB>(xb, m0, pw, c0, K, y, N, n0); break;
       }
     }
   }
 }
 
-// x [M, K] packed as vectors [K / VL][M][VL] (zero-padded to whole vectors): the B vectors of
-// x that a step of `tile` loads are adjacent. Rows of x K floats apart would otherwise fall in
-// one L1 set when K x 4 bytes is a multiple of 4 KiB (every K of a transformer) and evict each
-// other and the rows of w: 8 rows of x and 3 of w are 11 lines for 8 ways.
+// x [M, K] packed in blocks of MB rows (the last block: the rest), each transposed: block m0 is
+// [K, B] at xp + m0 K. A pass reads its block front to back beside the panel, and one row of x
+// stays one row (K floats: in L1 at one row, as it must be; padded to MB rows it spilled to L2
+// and 1 row ran 4% slower than the dot-product kernel instead of 6% faster).
 static void pack(const float* x, float* xp, int64_t M, int64_t K) {
-  const int64_t kv = (K + VL - 1) / VL;
-  for (int64_t j = 0; j < kv; j++)
-    for (int64_t m = 0; m < M; m++)
-      for (int64_t l = 0; l < VL; l++) {
-        const int64_t k = j * VL + l;
-        xp[(j * M + m) * VL + l] = k < K ? x[m * K + k] : 0.0f;
-      }
+  for (int64_t m0 = 0; m0 < M; m0 += MB) {
+    const int64_t B = std::min<int64_t>(MB, M - m0);
+    for (int64_t k = 0; k < K; k++)
+      for (int64_t b = 0; b < B; b++) xp[m0 * K + k * B + b] = x[(m0 + b) * K + k];
+  }
 }
 
 struct Work {  // shared by the calling thread and the tasks it schedules
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
-  std::vector<float> packed;
+  std::vector<float> xp;  // x packed (`pack`)
 };
 
 static ffi::Error Rows(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
                        ffi::ResultBuffer<ffi::F32> y) {
-  const auto xd = x.dimensions(), wd = w.dimensions();
-  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1])
-    return ffi::Error::InvalidArgument("rows: x [M, K] and w [N, K] with one K");
-  const int64_t M = xd[0], K = xd[1], N = wd[0];
-  // SHARES contiguous blocks of rows per thread, whole CHUNKs (fewer, longer streams than
-  // CHUNK-row blocks: 8 rows 54 -> 49 ms on the Zen 4; a prefetch past a block's end is wasted)
+  const auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
+  if (xd.size() != 2 || wd.size() != 3 || yd.size() != 2 || wd[2] != P || xd[1] != wd[1] ||
+      yd[0] != xd[0] || yd[1] > wd[0] * P || yd[1] <= (wd[0] - 1) * P)
+    return ffi::Error::InvalidArgument(
+        "rows: x [M, K], w in panels [ceil(N / 32), K, 32] with one K, y [M, N]");
+  const int64_t M = xd[0], K = xd[1], N = yd[1], panels = wd[0];
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
-  const int64_t share = (N / (SHARES * threads) + CHUNK - 1) / CHUNK * CHUNK;
-  const int64_t rows = std::max<int64_t>(CHUNK, share);
-  const int64_t blocks = (N + rows - 1) / rows;
+  const int64_t per = std::max<int64_t>(1, panels / (SHARES * threads));
+  const int64_t blocks = (panels + per - 1) / per;
   auto state = std::make_shared<Work>();
-  state->packed.resize((K + VL - 1) / VL * VL * M);
-  pack(x.typed_data(), state->packed.data(), M, K);
-  const float* xp = state->packed.data();
+  state->xp.resize(M * K);
+  pack(x.typed_data(), state->xp.data(), M, K);
+  const float* xp = state->xp.data();
   const float* wp = w.typed_data();
   float* yp = y->typed_data();
   auto work = [=](Work* s) {
     for (int64_t c; (c = s->next.fetch_add(1)) < blocks;) {
-      chunk(xp, wp, yp, M, K, N, c * rows, std::min(N, (c + 1) * rows));
+      for (int64_t p = c * per; p < std::min(panels, (c + 1) * per); p++)
+        panel(xp, wp, yp, M, K, N, p);
       s->done.fetch_add(1, std::memory_order_release);
     }
   };
@@ -210,6 +205,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(RowsF32, Rows,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()  // x [M, K]
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // w [N, K]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // w [N / P, K, P]
                                   .Ret<ffi::Buffer<ffi::F32>>()  // y [M, N]
 );
