@@ -3,8 +3,9 @@ CPU engine, all in the same interleaved rounds.
 
 Each round runs back to back: the all-core C read (microbench.native: what main memory does),
 numpy's GEMM (what the FMA units do), our decode step at each batch with XLA's products on the
-weights as written (`matmul="xla"`), on weights stored output-major (`"output-major"`) and with
-the native kernel on weights stored in its panels (`"native"`, refmodel.kernels), the
+weights as written (`matmul="xla"`), on weights stored output-major (`"output-major"`), with
+the native kernel on weights stored in its panels (`"native"`, refmodel.kernels) and on the
+same weights quantized to int8 (`"native-int8"`: its own roof, no peer ratio), the
 same weights in llama.cpp (a GGUF written from our model, microbench.llamacpp) and in Hugging
 Face transformers when installed (the `peers` extra), then the C read again. The machine drifts
 by tens of percent over minutes (the README's method section), so every comparison is a ratio
@@ -29,7 +30,11 @@ from pathlib import Path
 import numpy as np
 
 TARGETS = {"vs_llamacpp": 1.0, "vs_read": 0.9, "small_batch_roof": 0.8}
-PROGRAMS = ("xla", "output-major", "native")  # our weight products (ModelConfig.matmul)
+# our weight products (ModelConfig.matmul); "native-int8": the same weights quantized to int8
+# (refmodel.quant, one scale per output) in the native kernel: a quarter of the bytes, its own
+# roof, and no peer ratio (the peers run the float32 weights)
+PROGRAMS = ("xla", "output-major", "native", "native-int8")
+FLOAT_PROGRAMS = PROGRAMS[:3]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +105,12 @@ class _Ours:
         self.model = base
         models = {"xla": base}
         for p in programs[1:]:
-            models[p] = kernels.use_native(base, p)
+            if p == "native-int8":
+                from refmodel import quant
+
+                models[p] = kernels.use_native(quant.quantize(base, weights="int8"))
+            else:
+                models[p] = kernels.use_native(base, p)
         self.models = models
         self.phases = {p: refmodel.Phases(m) for p, m in models.items()}
         self.setup = setup
@@ -128,9 +138,9 @@ class _Ours:
             nk = weights(self.models["output-major"])
             forms["xla [N, K]"] = (lambda x, w: jax.lax.dot_general(
                 x, w, (((1,), (1,)), ((), ()))), 1, nk)
-        if "native" in self.models:  # Panels: x @ w is the kernel (shape: [K, N])
-            forms["native panels"] = (lambda x, w: x @ w, 0,
-                                      weights(self.models["native"], unwrap=False))
+        for program, form in (("native", "native panels"), ("native-int8", "native int8 panels")):
+            if program in self.models:  # Panels: x @ w is the kernel (shape: [K, N])
+                forms[form] = (lambda x, w: x @ w, 0, weights(self.models[program], unwrap=False))
         out = []
         for form, (product, k_axis, ws) in forms.items():
             if form not in self._chains:
@@ -312,7 +322,7 @@ def summarize(result: dict) -> dict:
             p["roof_fraction"] = p["roof_s"] / p["step_s"]
             p["over_read"] = p["bytes"] / p["step_s"] / read
             p["speed_over"] = ({name: s / p["step_s"] for name, s in peers.items()}
-                               if p["batch"] == 1 else {})
+                               if p["batch"] == 1 and p["program"] in FLOAT_PROGRAMS else {})
     table = []
     for program in result["programs"]:
         for b in result["setup"]["batches"]:

@@ -122,7 +122,7 @@ class ModelConfig:
     quant_activations: bool = False
     # The weight products (refmodel/kernels): XLA's on the [K, N] weights as written, XLA's on
     # weights stored output-major [N, K], or the native kernel built for this CPU on weights
-    # stored in its panels (float32 matrices, every x @ w; einsum products stay XLA's).
+    # stored in its panels (float32 or int8 matrices, every x @ w; einsums stay XLA's).
     matmul: str = "xla"
 
     def __post_init__(self):
@@ -158,10 +158,16 @@ class ModelConfig:
         one_of("weight_format", self.weight_format, WEIGHT_FORMATS)
         one_of("kv_format", self.kv_format, KV_FORMATS)
         one_of("matmul", self.matmul, MATMULS)
-        if self.matmul != "xla" and (self.dtype != "float32" or self.weight_format != "none"):
-            raise ValueError(f"matmul={self.matmul!r} takes float32 weights; this config has "
-                             f"dtype={self.dtype!r}, weight_format={self.weight_format!r}: use "
-                             "matmul='xla', or dtype='float32' with weight_format='none'")
+        native_int8 = (self.matmul == "native" and self.weight_format == "int8"
+                       and not self.quant_activations)
+        if self.matmul != "xla" and (self.dtype != "float32" or (
+                self.weight_format != "none" and not native_int8)):
+            allowed = ("float32 weights, or weight_format='int8' without quant_activations"
+                       if self.matmul == "native" else "float32 weights")
+            raise ValueError(f"matmul={self.matmul!r} takes {allowed}; this config has "
+                             f"dtype={self.dtype!r}, weight_format={self.weight_format!r}, "
+                             f"quant_activations={self.quant_activations}: use matmul='xla', "
+                             "or dtype='float32' with weight_format='none'")
         if self.quant_activations and self.weight_format != "int8":
             raise ValueError(f"quant_activations=True needs weight_format='int8', not "
                              f"{self.weight_format!r}: the int8 x int8 -> int32 product")

@@ -14,7 +14,10 @@ axis (`FEW_ROWS`). XLA:CPU has no fast mixed-precision GEMV: written as a dot of
 dequantized weight, or as a dot with `preferred_element_type`, or as an int8 x int8 -> int32
 dot, the batch-1 product of a [4096, 4096] int8 weight took 36-43 ms against 4 ms for the
 float32 GEMV (2-core Zen 3, jax 0.10.2; `python -m microbench quant` measures them all). More
-rows than FEW_ROWS (prefill) dequantize once and run the float GEMM.
+rows than FEW_ROWS (prefill) dequantize once and run the float GEMM. With matmul="native"
+(`refmodel.kernels`, `kernels.use_native(quantize(model, weights="int8"))`) an int8 matrix is
+stored in the native kernel's panels instead, converted to float as it is loaded: every
+product, one row or many, in the kernel.
 
 `quantize(model, weights=..., kv=...)` is the one call: any model (random or trained) comes
 back with its matrices and its cache format as the config says; the modules declare which of
@@ -227,6 +230,9 @@ def quantize(model: nnx.Module, weights: str | None = None, kv: str | None = Non
     if cfg.weight_format != "none" and weights is not None:
         raise ValueError(f"the model's weights are already {cfg.weight_format}; quantize the "
                          "float model")
+    if cfg.matmul != "xla" and weights is not None:
+        raise ValueError(f"the model's weights are stored for matmul={cfg.matmul!r}; quantize "
+                         "the matmul='xla' model, then kernels.use_native(quantized)")
     new_cfg = dataclasses.replace(cfg, weight_format=weights or cfg.weight_format,
                                   kv_format=kv or cfg.kv_format,
                                   quant_activations=activations or cfg.quant_activations)

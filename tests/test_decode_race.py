@@ -113,7 +113,7 @@ def test_products_alone_are_reported_per_form_and_rows():
     got = {(p["form"], p["rows"]): p for p in r["products"]}
     assert got[("native panels", 1)]["over_read"] == pytest.approx(1.1e9 / 0.055 / 24e9)
     assert got[("xla [K, N]", 1)]["seconds"] == pytest.approx(0.088)  # median of 80, 96 ms
-    assert "| 1 | native panels | 60.50 |" in decode_summary(r)
+    assert "| 1 | native panels | 1.10 | 60.50 |" in decode_summary(r)
 
 
 def test_a_ratio_above_the_read_is_flagged_not_passed_over():

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import refmodel
-from refmodel import kernels
+from refmodel import kernels, quant
 from refmodel.kernels import build
 
 pytestmark = pytest.mark.skipif(not kernels.available(),
@@ -97,6 +97,75 @@ def test_stored_weights_are_a_drop_in(rows, form):
         stored[0][0]
 
 
+def quantized_panels(k: int, n: int, rng, lead: tuple = ()):
+    """An int8 matrix as quant stores it and as int8 Panels, and its dequantized float."""
+    w = jnp.asarray(rng.standard_normal((*lead, k, n)), jnp.float32)
+    q = quant.quantize_matrix(w, "int8", lead=len(lead))
+    return kernels.Panels.of_quantized(q), np.asarray(q.dequantize(), np.float64)
+
+
+@settings(max_examples=12, deadline=None)
+@given(m=st.integers(1, 40), k=st.integers(1, 150), n=st.integers(1, 300),
+       seed=st.integers(0, 2**16))
+def test_rows_int8_equals_numpy(m, k, n, seed):
+    """The int8 kernel (values converted as loaded, one scale per output) against numpy over
+    the dequantized weight: the same tails as the float kernel's test."""
+    rng = np.random.default_rng(seed)
+    p, w = quantized_panels(k, n, rng)
+    assert p.w.dtype == jnp.int8 and p.scale.shape == (n,)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    got = np.asarray(kernels.rows(jnp.asarray(x), p.w, n, p.scale))
+    np.testing.assert_allclose(got, x.astype(np.float64) @ w, rtol=1e-5,
+                               atol=1e-5 * np.sqrt(k) * np.abs(w).max())
+
+
+def test_rows_int8_refuses_a_missing_or_wrong_scale():
+    p, _ = quantized_panels(8, 40, np.random.default_rng(0))
+    x = jnp.ones((2, 8))
+    with pytest.raises(ValueError, match="int8 w takes scale float32 \\[n=40\\].*scale None"):
+        kernels.rows(x, p.w, 40)
+    with pytest.raises(ValueError, match="scale float32\\[39\\]"):
+        kernels.rows(x, p.w, 40, p.scale[:39])
+    with pytest.raises(ValueError, match="a float32 w none"):
+        kernels.rows(x, kernels.panels(jnp.ones((8, 40))), 40, p.scale)
+    with pytest.raises(ValueError, match="int8 matrices.*int4"):
+        kernels.Panels.of_quantized(quant.quantize_matrix(jnp.ones((8, 40)), "int4"))
+
+
+@pytest.mark.parametrize("rows", [1, 5, 41])
+def test_int8_panels_are_a_drop_in(rows):
+    """x @ int8 Panels == x @ the dequantized weight, each matrix of a stack of three."""
+    rng = np.random.default_rng(rows)
+    p, w = quantized_panels(70, 37, rng, lead=(3,))
+    np.testing.assert_allclose(np.asarray(p.dequantize()), w, rtol=1e-6)
+    x = jnp.asarray(rng.standard_normal((1, rows, 70)), jnp.float32)
+    for e in range(3):
+        got = x @ p[...][e]
+        np.testing.assert_allclose(np.asarray(got), np.asarray(x, np.float64) @ w[e],
+                                   rtol=1e-5, atol=1e-4)
+
+
+def test_int8_model_is_golden_and_equals_the_xla_int8_model():
+    """quantize(model, "int8") then use_native: the int8 kernel in every x @ w (prefill of 3
+    tokens, then batch-2 decode) equals the XLA int8 model (quant.matmul) to float32 rounding,
+    with the same greedy tokens; init(weight_format="int8", matmul="native") stores the same."""
+    cfg = tiny(attention="gqa", n_layers=2, ffn_pattern=("dense", "moe"))
+    xla = quant.quantize(refmodel.init(cfg, seed=0), weights="int8")
+    native = kernels.use_native(xla)
+    assert native.cfg.matmul == "native" and native.cfg.weight_format == "int8"
+    assert isinstance(native.blocks[0].attn.wq[...], kernels.Panels)
+    assert native.blocks[0].attn.wq[...].w.dtype == jnp.int8
+    toks = tokens(cfg, 2, 2 * cfg.window + 3, seed=1)
+    got, want = incremental_logits(native, toks, [3]), refmodel.forward(xla, toks)
+    assert_logits_close(got, want, tol=3e-5)
+    np.testing.assert_array_equal(np.asarray(got.argmax(-1)), np.asarray(want.argmax(-1)))
+    direct = refmodel.init(cfg.replace(weight_format="int8", matmul="native"), seed=0)
+    np.testing.assert_array_equal(np.asarray(direct.blocks[0].attn.wq[...].w),
+                                  np.asarray(native.blocks[0].attn.wq[...].w))
+    with pytest.raises(ValueError, match="quantize the matmul='xla' model"):
+        quant.quantize(kernels.use_native(refmodel.init(cfg, seed=0)), weights="int8")
+
+
 # One layer of every registered attention kind, a dense FFN and a MoE: every product a model
 # makes with `x @ w` (projections, FFNs, experts, LM head) goes through the kernel, the
 # einsum products of 3-D weights stay XLA's.
@@ -132,16 +201,21 @@ def test_model_is_golden_and_equals_the_xla_model(matmul):
 
 @pytest.mark.parametrize("matmul, phase, batch, calls", [
     ("native", "decode", 2, 7 * 2 + 1), ("native", "decode", 1, 7 * 2 + 1),
-    ("native", "prefill", 1, 7 * 2 + 1), ("output-major", "decode", 2, 0)])
+    ("native", "prefill", 1, 7 * 2 + 1), ("output-major", "decode", 2, 0),
+    ("native-int8", "decode", 1, 7 * 2 + 1)])
 def test_the_kernel_runs_where_it_should(matmul, phase, batch, calls):
-    """No silent fallback: a native step (decode at batch 1 or 2, a prefill of 8 tokens) holds
-    one custom call per `x @ w` product (dense GQA layer: q, k, v, o, gate, up, down; plus the
-    LM head); with matmul='output-major', none (XLA's products over the output-major weight)."""
+    """No silent fallback: a native step (decode at batch 1 or 2, a prefill of 8 tokens; int8
+    weights: the int8 kernel) holds one custom call per `x @ w` product (dense GQA layer: q, k,
+    v, o, gate, up, down; plus the LM head); with matmul='output-major', none (XLA's products
+    over the output-major weight)."""
     cfg = tiny(attention="gqa", n_layers=2)
-    model = refmodel.init(cfg.replace(matmul=matmul), seed=0)
-    phases = refmodel.Phases(model)
+    int8 = matmul == "native-int8"
+    cfg = cfg.replace(matmul="native", weight_format="int8") if int8 else cfg.replace(
+        matmul=matmul)
+    phases = refmodel.Phases(refmodel.init(cfg, seed=0))
     text = phases.jitted[phase].lower(*phases.example_args(phase, batch, 8)).as_text()
-    assert text.count(build.TARGETS["RowsF32"]) == calls
+    assert text.count(build.TARGETS["RowsI8" if int8 else "RowsF32"]) == calls
+    assert text.count(build.TARGETS["RowsF32" if int8 else "RowsI8"]) == 0
 
 
 def test_config_refuses_native_where_it_cannot_run():
@@ -151,8 +225,14 @@ def test_config_refuses_native_where_it_cannot_run():
         tiny(matmul="native", dtype="bfloat16")
     with pytest.raises(ValueError, match="matmul='output-major' takes float32"):
         tiny(matmul="output-major", dtype="float16")
-    with pytest.raises(ValueError, match="weight_format='int8'"):
-        tiny(matmul="native", weight_format="int8")
+    with pytest.raises(ValueError, match="matmul='native' takes float32 weights, or "
+                       "weight_format='int8' without quant_activations.*'int4'"):
+        tiny(matmul="native", weight_format="int4")
+    with pytest.raises(ValueError, match="quant_activations=True"):
+        tiny(matmul="native", weight_format="int8", quant_activations=True)
+    with pytest.raises(ValueError, match="matmul='output-major' takes float32 weights;"):
+        tiny(matmul="output-major", weight_format="int8")
+    assert tiny(matmul="native", weight_format="int8").weight_format == "int8"
 
 
 def test_without_a_compiler_the_model_stays_xla_and_native_says_why(tmp_path):

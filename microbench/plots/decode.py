@@ -19,11 +19,14 @@ from microbench.plots.serving import machine_name
 
 FILE = "decode.png"
 COLORS = {"xla": PALETTE[0], "output-major": PALETTE[5], "native": PALETTE[1],
+          "native-int8": PALETTE[3],
           "llama.cpp": PALETTE[2], "transformers": PALETTE[4], "roof": "0.3"}
 NAMES = {"xla": "ours: XLA, weights [K, N] as written",
          "output-major": "ours: XLA, weights stored [N, K]",
-         "native": "ours: native kernel, weights stored in its panels"}
-SHORT = {"xla": "XLA [K, N]", "output-major": "XLA [N, K]", "native": "native kernel"}
+         "native": "ours: native kernel, weights stored in its panels",
+         "native-int8": "ours: native kernel, the weights in int8"}
+SHORT = {"xla": "XLA [K, N]", "output-major": "XLA [N, K]", "native": "native kernel",
+         "native-int8": "native int8"}
 
 
 def _row(result: dict, program: str, batch: int) -> dict | None:
@@ -46,10 +49,12 @@ def title(result: dict) -> str:
         last = _row(result, program, max(batches))
         if max(batches) > 1 and last is not None and last["roof_fraction"] is not None:
             big.append(f"{SHORT[program]} {last['roof_fraction']:.2f}")
-    lines = [f"Decode race, {result['model']} float32, context {result['setup']['context']}, "
+    dtype = "float32" + (", one program int8" if "native-int8" in result["programs"] else "")
+    lines = [f"Decode race, {result['model']} {dtype}, context {result['setup']['context']}, "
              f"{len(result['rounds'])} interleaved rounds"]
-    if parts:
-        lines.append("batch 1 (median of per-round ratios): " + "; ".join(parts))
+    if parts:  # two programs per line: four do not fit the figure's width
+        lines.append("batch 1 (median of per-round ratios): " + "; ".join(parts[:2]))
+        lines += ["; ".join(parts[i:i + 2]) for i in range(2, len(parts), 2)]
     if big:
         lines.append(f"batch {max(batches)}, share of its roof: " + "; ".join(big))
     return "\n".join(lines)
@@ -74,6 +79,10 @@ def decode_figure(result: dict):
     roof = [1e3 * _row(result, result["programs"][0], b)["roof_s"] for b in batches]
     left.plot(batches, roof, ls="--", color=COLORS["roof"],
               label="roof: max(bytes / C read, FLOPs / GEMM), counted")
+    if "native-int8" in result["programs"]:  # a quarter of the weight bytes: its own roof
+        roof8 = [1e3 * _row(result, "native-int8", b)["roof_s"] for b in batches]
+        left.plot(batches, roof8, ls="--", color=COLORS["native-int8"], alpha=0.6,
+                  label="roof of the int8 step")
     for name, p in result["peer_table"].items():
         left.plot([1], [1e3 * p["step_s"]], marker="D", ls="none", ms=9,
                   color=COLORS.get(name, "k"), label=f"{name} (batch 1)")
@@ -152,13 +161,13 @@ def decode_summary(result: dict) -> str:
             f"{_times(row.get('over_llama.cpp'))} | {_times(row.get('over_transformers'))} |")
     if result.get("products"):
         p0 = result["products"][0]
-        lines += ["", f"The {p0['products']} weight products of a step alone "
-                  f"({p0['bytes'] / 1e9:.2f} GB), chained, per number of rows (weights as "
-                  "written, [K, N], stored output-major, [N, K], or in the native kernel's "
-                  "panels):", "",
-                  "| rows | form | ms | bytes/s over C read |", "|---|---|---|---|"]
-        lines += [f"| {p['rows']} | {p['form']} | {_fmt(1e3 * p['seconds'])} | "
-                  f"{_fmt(p['over_read'])} |" for p in result["products"]]
+        lines += ["", f"The {p0['products']} weight products of a step alone, chained, per "
+                  "number of rows (weights as written, [K, N], stored output-major, [N, K], or "
+                  "in the native kernel's panels, float32 or int8):", "",
+                  "| rows | form | GB | ms | bytes/s over C read |", "|---|---|---|---|---|"]
+        lines += [f"| {p['rows']} | {p['form']} | {p['bytes'] / 1e9:.2f} | "
+                  f"{_fmt(1e3 * p['seconds'])} | {_fmt(p['over_read'])} |"
+                  for p in result["products"]]
     above = ([(f"{p['form']} at {p['rows']} rows", p["bytes"] / p["seconds"])
               for p in result.get("products", []) if (p["over_read"] or 0) > 1]
              + [(f"{r['program']} at batch {r['batch']}", None) for r in result["table"]

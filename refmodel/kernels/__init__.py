@@ -35,9 +35,10 @@ def available() -> bool:
 def convert(model: nnx.Module, native: bool = True) -> nnx.Module:
     """Replace, in place, every float32 matrix [*lead, K, N] the modules declare (`MATRICES`)
     by its `Panels` form (the native kernel's layout), or with native=False its `OutputMajor`
-    form (multiplied by XLA only); other weights (quantized, or products over several axes
-    taken by einsum) stay as they are."""
-    from refmodel.quant import matrices
+    form (multiplied by XLA only); with native=True an int8 `quant.Quantized` matrix becomes
+    int8 `Panels` too. Other weights (float8, int4, int8 with int8 activations, products over
+    several axes taken by einsum) stay as they are."""
+    from refmodel.quant import Quantized, matrices
 
     if native and not load():
         raise RuntimeError(f"matmul='native' needs the native kernels, which are not available "
@@ -49,13 +50,18 @@ def convert(model: nnx.Module, native: bool = True) -> nnx.Module:
                     and contract == 1 and value.ndim == lead + 2):
                 form = Panels if native else OutputMajor
                 setattr(module, name, nnx.Param(form.of(value, lead, contract)))
+            elif (native and isinstance(value, Quantized) and value.fmt == "int8"
+                  and not value.acts and value.contract == 1
+                  and len(value.shape) == value.lead + 2):
+                setattr(module, name, nnx.Param(Panels.of_quantized(value)))
     return model
 
 
 def use_native(model: nnx.Module, matmul: str = "native") -> nnx.Module:
     """A copy of `model` (matmul='xla') whose weights are stored as `matmul` says: 'native' (in
-    the kernel's panels, every product the kernel's) or 'output-major' ([N, K], XLA's
-    products). Same weights, same outputs to float rounding."""
+    the kernel's panels, every product the kernel's; float32, or int8 from
+    `quant.quantize(model, weights="int8")`) or 'output-major' ([N, K], XLA's products; float32
+    only). Same weights, same outputs to float rounding."""
     import dataclasses
 
     if model.cfg.matmul != "xla":

@@ -33,7 +33,7 @@ SOURCES = ("rows.cc",)
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-fPIC", "-shared",
          "-fno-math-errno")
 # symbol in the library -> the FFI target name it is registered under
-TARGETS = {"RowsF32": "refmodel_rows_f32"}
+TARGETS = {"RowsF32": "refmodel_rows_f32", "RowsI8": "refmodel_rows_int8"}
 
 _why_not: list[str] = []
 

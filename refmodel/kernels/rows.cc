@@ -43,6 +43,9 @@
 #include <memory>
 #include <thread>
 #include <vector>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "xla/ffi/api/ffi.h"
 
@@ -76,30 +79,50 @@ constexpr int64_t P = 32;  // outputs per panel: rows.py's PANEL, the stored lay
 constexpr int NV = P / VL;               // vectors per panel row
 constexpr int CV = NV < 2 ? NV : 2;      // of them per tile
 constexpr int MB = REGS >= 32 ? 8 : 4;   // rows of x per pass over a panel
-constexpr int64_t PF = 16;               // inputs ahead to prefetch (2 KiB of the panel)
+constexpr int64_t PF = 2048;             // bytes of the panel ahead to prefetch
 constexpr int64_t SHARES = 4;  // blocks of work per thread: a late or slowed thread is covered
+
+// The weight's stored numbers: float32, or int8 with one float32 scale per output (y = scale
+// times the sum over the int8 values, as refmodel/quant.py's "int8" format stores them).
+// An int8 vector of VL lanes is converted to VL floats as it is loaded (AVX-512: one
+// sign-extend and one convert per 16 weights), a quarter of the bytes for the same FMAs.
+// (GCC 12 turns __builtin_convertvector from int8 into one scalar sign-extend per lane, so
+// the x86 widths use the sign-extending loads' intrinsics.)
+static inline vec load(const float* w) { return *(const vec*)w; }
+static inline vec load(const int8_t* w) {
+#if defined(__AVX512F__)
+  return (vec)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)w)));
+#elif defined(__AVX2__)
+  return (vec)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)w)));
+#else
+  vec v;
+  for (int64_t l = 0; l < VL; l++) v[l] = w[l];
+  return v;
+#endif
+}
 
 // Rows m0 .. m0 + B of x against vectors c0 .. c0 + CV of panel pw's rows, over all K inputs.
 // xb is x's block of rows m0 .. m0 + B, transposed ([K, B], `pack`): the B inputs of a step
 // are adjacent. U partial sums per output so that at least 8 independent FMA chains hide the
-// FMA latency even for one row of x.
-template <int B>
-static void tile(const float* xb, int64_t m0, const float* pw, int c0, int64_t K, float* y,
-                 int64_t N, int64_t n0) {
+// FMA latency even for one row of x. `scale`: one per output (int8), or null.
+template <int B, typename T>
+static void tile(const float* xb, int64_t m0, const T* pw, const float* scale, int c0,
+                 int64_t K, float* y, int64_t N, int64_t n0) {
   constexpr int U = (B * CV >= 8) ? 1 : (B * CV >= 4 ? 2 : 4);
   vec acc[U][B][CV];
   for (int u = 0; u < U; u++)
     for (int b = 0; b < B; b++)
       for (int v = 0; v < CV; v++) acc[u][b][v] = vec{};
-  const float* w = pw + c0 * VL;
+  const T* w = pw + c0 * VL;
   const int64_t ku = K / U * U;
   for (int64_t k = 0; k < ku; k += U) {
     for (int u = 0; u < U; u++) {
-      const float* wk = w + (k + u) * P;
-      __builtin_prefetch(wk + PF * P, 0, 2);  // past the panel's end: the next panel
+      const T* wk = w + (k + u) * P;
+      // past the panel's end: the next panel
+      __builtin_prefetch(reinterpret_cast<const char*>(wk) + PF, 0, 2);
       vec wv[CV];
       for (int v = 0; v < CV; v++) {
-        wv[v] = *(const vec*)(wk + v * VL);
+        wv[v] = load(wk + v * VL);
         PIN(wv[v]);
       }
       const float* xk = xb + (k + u) * B;
@@ -112,17 +135,19 @@ static void tile(const float* xb, int64_t m0, const float* pw, int c0, int64_t K
   for (int64_t k = ku; k < K; k++)
     for (int b = 0; b < B; b++)
       for (int v = 0; v < CV; v++)
-        acc[0][b][v] += (vec{} + xb[k * B + b]) * *(const vec*)(w + k * P + v * VL);
+        acc[0][b][v] += (vec{} + xb[k * B + b]) * load(w + k * P + v * VL);
   for (int b = 0; b < B; b++)
     for (int v = 0; v < CV; v++) {
       vec a = acc[0][b][v];
       for (int u = 1; u < U; u++) a += acc[u][b][v];
       const int64_t n = n0 + (c0 + v) * VL;
       float* yr = y + (m0 + b) * N + n;
-      if (n + VL <= N)
+      if (n + VL <= N) {
+        if (scale) a *= *(const vec*)(scale + n);
         *(vec*)yr = a;
-      else
-        for (int64_t l = 0; l < N - n; l++) yr[l] = a[l];
+      } else {
+        for (int64_t l = 0; l < N - n; l++) yr[l] = scale ? a[l] * scale[n + l] : a[l];
+      }
     }
 }
 
@@ -130,23 +155,24 @@ static void tile(const float* xb, int64_t m0, const float* pw, int c0, int64_t K
 // first pass reads the panel from memory, later ones (more rows, other vectors) from L2.
 // (With MB = 4 the cases past 4 never run; they name tile<1> only so that no tile is
 // instantiated that the registers cannot hold.)
-static void panel(const float* xp, const float* wp, float* y, int64_t M, int64_t K, int64_t N,
-                  int64_t p) {
-  const float* pw = wp + p * K * P;
+template <typename T>
+static void panel(const float* xp, const T* wp, const float* scale, float* y, int64_t M,
+                  int64_t K, int64_t N, int64_t p) {
+  const T* pw = wp + p * K * P;
   const int64_t n0 = p * P;
   for (int c0 = 0; c0 < NV; c0 += CV) {
     if (n0 + c0 * VL >= N) break;  // vectors wholly past N: zero weights, nothing to write
     for (int64_t m0 = 0; m0 < M; m0 += MB) {
       const float* xb = xp + m0 * K;
       switch (std::min<int64_t>(MB, M - m0)) {
-        case 1: tile<1>(xb, m0, pw, c0, K, y, N, n0); break;
-        case 2: tile<2>(xb, m0, pw, c0, K, y, N, n0); break;
-        case 3: tile<3>(xb, m0, pw, c0, K, y, N, n0); break;
-        case 4: tile<4>(xb, m0, pw, c0, K, y, N, n0); break;
-        case 5: tile<(MB >= 5 ? 5 : 1)>(xb, m0, pw, c0, K, y, N, n0); break;
-        case 6: tile<(MB >= 6 ? 6 : 1)>(xb, m0, pw, c0, K, y, N, n0); break;
-        case 7: tile<(MB >= 7 ? 7 : 1)>(xb, m0, pw, c0, K, y, N, n0); break;
-        default: tile<MB>(xb, m0, pw, c0, K, y, N, n0); break;
+        case 1: tile<1>(xb, m0, pw, scale, c0, K, y, N, n0); break;
+        case 2: tile<2>(xb, m0, pw, scale, c0, K, y, N, n0); break;
+        case 3: tile<3>(xb, m0, pw, scale, c0, K, y, N, n0); break;
+        case 4: tile<4>(xb, m0, pw, scale, c0, K, y, N, n0); break;
+        case 5: tile<(MB >= 5 ? 5 : 1)>(xb, m0, pw, scale, c0, K, y, N, n0); break;
+        case 6: tile<(MB >= 6 ? 6 : 1)>(xb, m0, pw, scale, c0, K, y, N, n0); break;
+        case 7: tile<(MB >= 7 ? 7 : 1)>(xb, m0, pw, scale, c0, K, y, N, n0); break;
+        default: tile<MB>(xb, m0, pw, scale, c0, K, y, N, n0); break;
       }
     }
   }
@@ -170,27 +196,21 @@ struct Work {  // shared by the calling thread and the tasks it schedules
   std::vector<float> xp;  // x packed (`pack`)
 };
 
-static ffi::Error Rows(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
-                       ffi::ResultBuffer<ffi::F32> y) {
-  const auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
-  if (xd.size() != 2 || wd.size() != 3 || yd.size() != 2 || wd[2] != P || xd[1] != wd[1] ||
-      yd[0] != xd[0] || yd[1] > wd[0] * P || yd[1] <= (wd[0] - 1) * P)
-    return ffi::Error::InvalidArgument(
-        "rows: x [M, K], w in panels [ceil(N / 32), K, 32] with one K, y [M, N]");
-  const int64_t M = xd[0], K = xd[1], N = yd[1], panels = wd[0];
+// The product on the calling thread and XLA's pool: blocks of whole panels from a counter.
+template <typename T>
+static void run(ffi::ThreadPool& pool, const float* x, const T* wp, const float* scale,
+                float* yp, int64_t M, int64_t K, int64_t N, int64_t panels) {
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   const int64_t per = std::max<int64_t>(1, panels / (SHARES * threads));
   const int64_t blocks = (panels + per - 1) / per;
   auto state = std::make_shared<Work>();
   state->xp.resize(M * K);
-  pack(x.typed_data(), state->xp.data(), M, K);
+  pack(x, state->xp.data(), M, K);
   const float* xp = state->xp.data();
-  const float* wp = w.typed_data();
-  float* yp = y->typed_data();
   auto work = [=](Work* s) {
     for (int64_t c; (c = s->next.fetch_add(1)) < blocks;) {
       for (int64_t p = c * per; p < std::min(panels, (c + 1) * per); p++)
-        panel(xp, wp, yp, M, K, N, p);
+        panel(xp, wp, scale, yp, M, K, N, p);
       s->done.fetch_add(1, std::memory_order_release);
     }
   };
@@ -198,6 +218,36 @@ static ffi::Error Rows(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffe
   for (int64_t t = 0; t < helpers; t++) pool.Schedule([state, work] { work(state.get()); });
   work(state.get());
   while (state->done.load(std::memory_order_acquire) < blocks) std::this_thread::yield();
+}
+
+template <typename W>
+static bool shapes_ok(const W& w, ffi::Span<const int64_t> xd, ffi::Span<const int64_t> yd) {
+  const auto wd = w.dimensions();
+  return xd.size() == 2 && wd.size() == 3 && yd.size() == 2 && wd[2] == P && xd[1] == wd[1] &&
+         yd[0] == xd[0] && yd[1] <= wd[0] * P && yd[1] > (wd[0] - 1) * P;
+}
+
+static ffi::Error Rows(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+                       ffi::ResultBuffer<ffi::F32> y) {
+  if (!shapes_ok(w, x.dimensions(), y->dimensions()))
+    return ffi::Error::InvalidArgument(
+        "rows: x [M, K], w in panels [ceil(N / 32), K, 32] with one K, y [M, N]");
+  const auto xd = x.dimensions();
+  run(pool, x.typed_data(), w.typed_data(), nullptr, y->typed_data(), xd[0], xd[1],
+      y->dimensions()[1], w.dimensions()[0]);
+  return ffi::Error::Success();
+}
+
+static ffi::Error RowsInt8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> w,
+                         ffi::Buffer<ffi::F32> scale, ffi::ResultBuffer<ffi::F32> y) {
+  if (!shapes_ok(w, x.dimensions(), y->dimensions()) || scale.dimensions().size() != 1 ||
+      scale.dimensions()[0] != y->dimensions()[1])
+    return ffi::Error::InvalidArgument(
+        "rows_int8: x [M, K], w int8 in panels [ceil(N / 32), K, 32] with one K, scale [N], "
+        "y [M, N]");
+  const auto xd = x.dimensions();
+  run(pool, x.typed_data(), w.typed_data(), scale.typed_data(), y->typed_data(), xd[0], xd[1],
+      y->dimensions()[1], w.dimensions()[0]);
   return ffi::Error::Success();
 }
 
@@ -206,5 +256,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(RowsF32, Rows,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()  // x [M, K]
                                   .Arg<ffi::Buffer<ffi::F32>>()  // w [N / P, K, P]
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // y [M, N]
+);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RowsI8, RowsInt8,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // x [M, K]
+                                  .Arg<ffi::Buffer<ffi::S8>>()   // w [N / P, K, P], int8
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // scale [N]
                                   .Ret<ffi::Buffer<ffi::F32>>()  // y [M, N]
 );

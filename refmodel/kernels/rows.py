@@ -1,8 +1,9 @@
 """The weight product as a native kernel (`rows.cc`) and the weight types that choose it.
 
-`Panels` holds a float32 weight of `shape` = lead + (K,) + (N,) stored in panels, w [*lead,
-ceil(N / 32), K, 32] (32 outputs side by side per input, each panel contiguous: the packed
-operand of a BLAS GEMM, packed once at load time), and is a drop-in for the weight in `x @ w`:
+`Panels` holds a weight of `shape` = lead + (K,) + (N,) stored in panels, w [*lead, ceil(N /
+32), K, 32] (32 outputs side by side per input, each panel contiguous: the packed operand of a
+BLAS GEMM, packed once at load time), float32 or int8 with one float32 scale per output
+(`quant`'s "int8", from `Panels.of_quantized`), and is a drop-in for the weight in `x @ w`:
 every product with it runs the native kernel, whatever the rows of x. `OutputMajor` stores the
 same weight as [*lead, N, K] (each output's K inputs contiguous, as ggml/llama.cpp store it)
 and leaves every product to XLA: `matmul="output-major"`, the pure-JAX lesson. Both are
@@ -44,18 +45,28 @@ def panels(w: jax.Array) -> jax.Array:
     return jnp.swapaxes(w.reshape(*lead, K, n, PANEL), -3, -2)
 
 
-def rows(x: jax.Array, wp: jax.Array, n: int) -> jax.Array:
+def rows(x: jax.Array, wp: jax.Array, n: int, scale: jax.Array | None = None) -> jax.Array:
     """x [M, K] float32 times the weight whose panels are wp ([ceil(N / PANEL), K, PANEL],
-    `panels`) -> y [M, n], in the native kernel, whatever M."""
+    `panels`) -> y [M, n], in the native kernel, whatever M. wp float32, or int8 with `scale`
+    float32 [n], one per output (y = scale * the sum over the int8 values: quant's "int8")."""
     M, K = x.shape
-    if (x.dtype != jnp.float32 or wp.dtype != jnp.float32 or wp.ndim != 3
+    int8 = wp.dtype == jnp.int8
+    if (x.dtype != jnp.float32 or wp.dtype not in (jnp.float32, jnp.int8) or wp.ndim != 3
             or wp.shape[1:] != (K, PANEL) or wp.shape[0] != -(-n // PANEL)):
-        raise ValueError(f"rows: x float32 [M, K] and w float32 in panels [ceil(n / {PANEL}), "
-                         f"K, {PANEL}] with one K; got x {x.dtype}{list(x.shape)}, w "
-                         f"{wp.dtype}{list(wp.shape)} and n={n}")
+        raise ValueError(f"rows: x float32 [M, K] and w float32 or int8 in panels [ceil(n / "
+                         f"{PANEL}), K, {PANEL}] with one K; got x {x.dtype}{list(x.shape)}, "
+                         f"w {wp.dtype}{list(wp.shape)} and n={n}")
+    if int8 != (scale is not None) or (int8 and (scale.dtype != jnp.float32
+                                                 or scale.shape != (n,))):
+        got = None if scale is None else f"{scale.dtype}{list(scale.shape)}"
+        raise ValueError(f"rows: an int8 w takes scale float32 [n={n}], a float32 w none; got "
+                         f"w {wp.dtype} and scale {got}")
     if not build.load():
         raise RuntimeError(f"the native kernels are not available: {build.why_not()}")
     out = jax.ShapeDtypeStruct((M, n), jnp.float32)
+    if int8:
+        return jax.ffi.ffi_call(build.TARGETS["RowsI8"], out, vmap_method="sequential")(
+            x, wp, scale)
     return jax.ffi.ffi_call(build.TARGETS["RowsF32"], out, vmap_method="sequential")(x, wp)
 
 
@@ -69,17 +80,29 @@ def _check(w: jax.Array, lead: int, contract: int) -> None:
 
 @struct.dataclass
 class Panels:
-    """A float32 weight of `shape` (lead + K + N axes) stored in panels, w [*lead, ceil(N /
-    PANEL), K, PANEL] (`panels`): `x @ w` runs the native kernel."""
+    """A weight of `shape` (lead + K + N axes) stored in panels, w [*lead, ceil(N / PANEL), K,
+    PANEL] (`panels`): float32, or int8 with `scale` [*lead, N] (quant's "int8": one float32
+    scale per output). `x @ w` runs the native kernel."""
 
     w: jax.Array
     shape: tuple = struct.field(pytree_node=False)
     lead: int = struct.field(pytree_node=False, default=0)
+    scale: jax.Array | None = None
 
     @classmethod
     def of(cls, w: jax.Array, lead: int = 0, contract: int = 1) -> Panels:
         _check(w, lead, contract)
         return cls(panels(w), tuple(w.shape), lead)
+
+    @classmethod
+    def of_quantized(cls, q) -> Panels:
+        """From a `quant.Quantized` int8 matrix (q [*lead, N, K], scale [*lead, N]); other
+        formats, int8 activations and products over several axes raise."""
+        if q.fmt != "int8" or q.acts or q.contract != 1 or len(q.shape) != q.lead + 2:
+            raise ValueError(f"native kernels take int8 matrices [*lead, K, N] with float "
+                             f"activations; this one is {q.fmt} {q.shape} (acts={q.acts}, "
+                             f"{q.contract} input axes)")
+        return cls(panels(jnp.swapaxes(q.q, -1, -2)), tuple(q.shape), q.lead, q.scale)
 
     @property
     def k(self) -> int:
@@ -95,7 +118,7 @@ class Panels:
 
     @property
     def nbytes(self) -> int:
-        return self.w.nbytes
+        return self.w.nbytes + (0 if self.scale is None else self.scale.nbytes)
 
     def __getitem__(self, index) -> Panels:
         """w[...] is w; w[e] (lead axes only) is one stacked matrix, still in panels."""
@@ -103,19 +126,23 @@ class Panels:
             return self
         if self.lead == 0:
             raise IndexError("a matrix in panels indexes only its leading (stacked) axes")
-        return Panels(self.w[index], self.shape[1:], self.lead - 1)
+        scale = None if self.scale is None else self.scale[index]
+        return Panels(self.w[index], self.shape[1:], self.lead - 1, scale)
 
     def __rmatmul__(self, x: jax.Array) -> jax.Array:  # x [..., K] @ w [K, N] -> [..., N]
         if self.lead:
             raise ValueError(f"x @ w takes a 2-D weight; this one is {self.shape}: index it")
         lead = x.shape[:-1]
-        y = rows(x.reshape(-1, self.k).astype(jnp.float32), self.w, self.n)
+        y = rows(x.reshape(-1, self.k).astype(jnp.float32), self.w, self.n, self.scale)
         return y.astype(x.dtype).reshape(*lead, self.n)
 
     def dequantize(self, dtype=jnp.float32) -> jax.Array:
         """The weight in its original layout [*lead, K, N] (for einsum products)."""
         w = jnp.swapaxes(self.w, -3, -2)
-        return w.reshape(*w.shape[:-2], -1)[..., :self.n].astype(dtype)
+        w = w.reshape(*w.shape[:-2], -1)[..., :self.n].astype(jnp.float32)
+        if self.scale is not None:
+            w = w * self.scale[..., None, :]
+        return w.astype(dtype)
 
 
 @struct.dataclass
