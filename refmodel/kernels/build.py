@@ -30,6 +30,7 @@ import jax
 
 HERE = Path(__file__).parent
 SOURCES = ("rows.cc",)
+HEADERS = ("common.h",)  # hashed with the sources: a change rebuilds
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-fPIC", "-shared",
          "-fno-math-errno")
 # symbol in the library -> the FFI target name it is registered under
@@ -72,7 +73,7 @@ def library_path(cxx: str) -> Path:
     import jaxlib
 
     h = hashlib.sha256()
-    for name in SOURCES:
+    for name in SOURCES + HEADERS:
         h.update((HERE / name).read_bytes())
     for part in (*FLAGS, _version(cxx), jaxlib.__version__, _cpu_id()):
         h.update(part.encode())

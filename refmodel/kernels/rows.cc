@@ -37,43 +37,7 @@
 // vector extensions of the widest native width (the idiom of microbench/native.py's STREAM
 // kernels); -march=native picks AVX-512, AVX2 or SSE at build time; -ffp-contract=fast makes
 // `a += v * x` one FMA.
-#include <algorithm>
-#include <atomic>
-#include <cstdint>
-#include <memory>
-#include <thread>
-#include <vector>
-#if defined(__AVX2__) || defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
-#include "xla/ffi/api/ffi.h"
-
-namespace ffi = xla::ffi;
-
-#if defined(__AVX512F__)
-constexpr int64_t VL = 16;  // float32 lanes of the widest native vector
-constexpr int REGS = 32;    // vector registers
-#elif defined(__AVX__)
-constexpr int64_t VL = 8;
-constexpr int REGS = 16;
-#else
-constexpr int64_t VL = 4;
-constexpr int REGS = 16;
-#endif
-typedef float vec __attribute__((vector_size(4 * VL), aligned(4)));  // unaligned loads allowed
-
-// Keep a loaded vector in a register: without it GCC 12 folds the loads of w into the FMAs,
-// one load per FMA instead of one per B of them.
-#if defined(__AVX512F__)
-#define PIN(v) __asm__("" : "+v"(v))
-#elif defined(__x86_64__) || defined(__i386__)
-#define PIN(v) __asm__("" : "+x"(v))
-#elif defined(__aarch64__)
-#define PIN(v) __asm__("" : "+w"(v))
-#else
-#define PIN(v) (void)0
-#endif
+#include "common.h"
 
 constexpr int64_t P = 32;  // outputs per panel: rows.py's PANEL, the stored layout
 constexpr int NV = P / VL;               // vectors per panel row
@@ -190,34 +154,20 @@ static void pack(const float* x, float* xp, int64_t M, int64_t K) {
   }
 }
 
-struct Work {  // shared by the calling thread and the tasks it schedules
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
-  std::vector<float> xp;  // x packed (`pack`)
-};
-
-// The product on the calling thread and XLA's pool: blocks of whole panels from a counter.
+// The product on the calling thread and XLA's pool: blocks of whole panels.
 template <typename T>
 static void run(ffi::ThreadPool& pool, const float* x, const T* wp, const float* scale,
                 float* yp, int64_t M, int64_t K, int64_t N, int64_t panels) {
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   const int64_t per = std::max<int64_t>(1, panels / (SHARES * threads));
   const int64_t blocks = (panels + per - 1) / per;
-  auto state = std::make_shared<Work>();
-  state->xp.resize(M * K);
-  pack(x, state->xp.data(), M, K);
-  const float* xp = state->xp.data();
-  auto work = [=](Work* s) {
-    for (int64_t c; (c = s->next.fetch_add(1)) < blocks;) {
-      for (int64_t p = c * per; p < std::min(panels, (c + 1) * per); p++)
-        panel(xp, wp, scale, yp, M, K, N, p);
-      s->done.fetch_add(1, std::memory_order_release);
-    }
-  };
-  const int64_t helpers = std::min<int64_t>(threads, blocks) - 1;
-  for (int64_t t = 0; t < helpers; t++) pool.Schedule([state, work] { work(state.get()); });
-  work(state.get());
-  while (state->done.load(std::memory_order_acquire) < blocks) std::this_thread::yield();
+  auto xs = std::make_shared<std::vector<float>>(M * K);
+  pack(x, xs->data(), M, K);
+  const float* xp = xs->data();
+  parallel_for(pool, blocks, [=](int64_t c) {
+    for (int64_t p = c * per; p < std::min(panels, (c + 1) * per); p++)
+      panel(xp, wp, scale, yp, M, K, N, p);
+  });
 }
 
 template <typename W>

@@ -1,0 +1,66 @@
+// What the native kernels share (rows.cc today; a kernel to come includes it too): the widest
+// native float32 vector, a register pin, and a parallel loop on XLA's own intra-op thread pool.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+#if defined(__AVX512F__)
+constexpr int64_t VL = 16;  // float32 lanes of the widest native vector
+constexpr int REGS = 32;    // vector registers
+#elif defined(__AVX__)
+constexpr int64_t VL = 8;
+constexpr int REGS = 16;
+#else
+constexpr int64_t VL = 4;
+constexpr int REGS = 16;
+#endif
+typedef float vec __attribute__((vector_size(4 * VL), aligned(4)));  // unaligned loads allowed
+
+// Keep a loaded vector in a register: without it GCC 12 folds a load into every FMA that uses
+// it, one load per FMA instead of one per vector.
+#if defined(__AVX512F__)
+#define PIN(v) __asm__("" : "+v"(v))
+#elif defined(__x86_64__) || defined(__i386__)
+#define PIN(v) __asm__("" : "+x"(v))
+#elif defined(__aarch64__)
+#define PIN(v) __asm__("" : "+w"(v))
+#else
+#define PIN(v) (void)0
+#endif
+
+// fn(0) .. fn(n - 1), each once, taken from a shared counter by the calling thread and by one
+// task per other thread of XLA's intra-op pool (the FFI's ThreadPool context): the kernels use
+// the cores XLA uses and never oversubscribe them. A task that starts after every item is
+// taken finds none and returns; the caller returns when every item is done.
+template <typename F>
+static void parallel_for(ffi::ThreadPool& pool, int64_t n, F fn) {
+  struct Work {
+    std::atomic<int64_t> next{0};
+    std::atomic<int64_t> done{0};
+  };
+  auto state = std::make_shared<Work>();
+  auto work = [n, fn](Work* s) {
+    for (int64_t i; (i = s->next.fetch_add(1)) < n;) {
+      fn(i);
+      s->done.fetch_add(1, std::memory_order_release);
+    }
+  };
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  const int64_t helpers = std::min<int64_t>(threads, n) - 1;
+  for (int64_t t = 0; t < helpers; t++) pool.Schedule([state, work] { work(state.get()); });
+  work(state.get());
+  while (state->done.load(std::memory_order_acquire) < n) std::this_thread::yield();
+}
