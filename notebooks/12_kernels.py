@@ -74,10 +74,12 @@ DATA = Path("..") / "figures" / "data" if Path.cwd().name == "notebooks" else \
     Path("figures") / "data"
 RACE_FILE = DATA / "decode.json"  # the committed race (step 5), written by microbench decode
 race = json.loads(RACE_FILE.read_text()) if RACE_FILE.exists() else None
-# the race's kernel product form: "native panels" (this kernel), or "native [N, K]" in a run
-# made before it (the earlier kernel over [N, K] rows, which left 1 row to XLA's GEMV)
-NATIVE_FORM = next((p["form"] for p in (race or {}).get("products", [])
-                    if p["form"].startswith("native")), None)
+# the race's float32 kernel product form: "native panels" (this kernel), or "native [N, K]" in
+# a run made before it (the earlier kernel over [N, K] rows, which left 1 row to XLA's GEMV);
+# "native int8 panels" is the same kernel on int8 weights, a program of its own
+FORMS_RUN = {p["form"] for p in (race or {}).get("products", [])}
+NATIVE_FORM = "native panels" if "native panels" in FORMS_RUN else next(
+    (f for f in sorted(FORMS_RUN) if f.startswith("native") and "int8" not in f), None)
 print(f"weights [{K_W}, {N_W}] x {STACK}, last-level cache {LLC / 2**20:.0f} MiB; {ROUNDS} "
       f"rounds of {REPEATS} calls", "| quick" if QUICK else "| full")
 
@@ -280,9 +282,10 @@ def committed_products(rows_list):
         print(f"(no committed products to compare: {RACE_FILE} missing or without them)")
         return
     env = race.get("environment", {})
+    f32 = next(p for p in race["products"] if p["form"].startswith("xla"))  # float32 weights
     print(f"the committed race ({env.get('cpu_model')} x {env.get('cpu_count')}, the "
-          f"{race['products'][0]['products']} products of a {race['model']} step chained, "
-          f"{race['products'][0]['bytes'] / 1e9:.2f} GB), fraction of its C read:")
+          f"{f32['products']} products of a {race['model']} step chained, "
+          f"{f32['bytes'] / 1e9:.2f} GB in float32), fraction of its C read:")
     if NATIVE_FORM and NATIVE_FORM != "native panels":
         print(f"  ({NATIVE_FORM}: a run made before the panel kernel, the earlier kernel over "
               "[N, K] rows)")
@@ -568,7 +571,10 @@ else:
 # `native panels` is this notebook's panel kernel, at every batch. `native [N, K]` is a run
 # from before it: the earlier kernel over [N, K] rows for batches 2-8, and at batch 1 XLA's
 # GEMV over the same output-major weights (then `native` and `output-major` measured the same
-# batch-1 program twice).
+# batch-1 program twice). A run with the program `native-int8` also ran the same weights
+# quantized to int8 (`quant.quantize(model, weights="int8")`, one scale per output) through the
+# same kernel: a quarter of the bytes and its own roof; the targets are the float32 model's, so
+# the verdicts below leave it out.
 
 # %%
 if race is None:
@@ -607,6 +613,8 @@ if race is not None:
     tg = race["targets"]
     verdicts = []  # (target, program, value, threshold)
     for r in race["table"]:
+        if r["program"] == "native-int8":  # the targets are the float32 model's
+            continue
         if r["batch"] == 1:
             if r.get("over_llama.cpp") is not None:
                 verdicts.append(("batch 1 vs llama.cpp", r["program"], r["over_llama.cpp"],
@@ -701,10 +709,12 @@ if race is not None:
               f"({need / gemm_med:.2f} of numpy's GEMM); it ran {rate / 1e9:.0f} GFLOP/s, "
               f"{rate / need:.2f} of that")
     prods = [p for p in race.get("products", []) if p["rows"] == 8]
-    for p in prods:  # FLOPs: 2 per row per 4-byte weight
+    for p in prods:  # FLOPs: 2 per row per weight of 4 bytes (1 in int8)
+        size = 1 if "int8" in p["form"] else 4
         print(f"  the {p['products']} products alone at 8 rows, {p['form']}: "
-              f"{1e3 * p['seconds']:.1f} ms, {2 * 8 * p['bytes'] / 4 / p['seconds'] / 1e9:.0f} "
-              f"GFLOP/s, {p['over_read']:.2f} of the C read")
+              f"{1e3 * p['seconds']:.1f} ms, "
+              f"{2 * 8 * p['bytes'] / size / p['seconds'] / 1e9:.0f} GFLOP/s, "
+              f"{p['over_read']:.2f} of the C read")
 
 # %% [markdown]
 # **Batch 1 no longer copies its KV cache.** XLA:CPU (jax 0.10.2) compiled the batch-1
