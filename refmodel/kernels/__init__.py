@@ -7,10 +7,10 @@ for a CPU decode step is the weight product with a few rows of activations: at b
 step is a chain of matrix-vector products whose only job is to stream the weights from memory,
 and XLA:CPU's GEMV/few-row GEMM streams them below the memory's speed (issue 18's breakdown).
 
-`rows.cc` is that product in ~150 lines of C++; `build.py` compiles it for this machine on
-first use; `rows.py` wraps it as an XLA custom call (`jax.ffi.ffi_call`) and as a weight type
-(`Panels`: the weight stored in the kernel's layout) that modules multiply with as they do
-with any weight. Choosing it is one
+`rows.cc` is that product, float32 or int8 weights, in ~150 lines of C++ (`common.h`: what
+kernels share); `build.py` compiles it for this machine on first use; `rows.py` wraps it as an
+XLA custom call (`jax.ffi.ffi_call`) and as a weight type (`Panels`: the weight stored in the
+kernel's layout) that modules multiply with as they do with any weight. Choosing it is one
 config field: `refmodel.init(cfg.replace(matmul="native"))`, or `use_native(model)` for a
 model you already have. The pure-JAX path (`matmul="xla"`) stays the default, the fallback
 where no compiler is found, and the reference every kernel is tested against.
