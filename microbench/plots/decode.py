@@ -78,7 +78,7 @@ def decode_figure(result: dict):
                       color=COLORS[program], label=NAMES[program])
     roof = [1e3 * _row(result, result["programs"][0], b)["roof_s"] for b in batches]
     left.plot(batches, roof, ls="--", color=COLORS["roof"],
-              label="roof: max(bytes / C read, FLOPs / GEMM), counted")
+              label="roof of the float32 step: max(bytes / C read, FLOPs / GEMM), counted")
     if "native-int8" in result["programs"]:  # a quarter of the weight bytes: its own roof
         roof8 = [1e3 * _row(result, "native-int8", b)["roof_s"] for b in batches]
         left.plot(batches, roof8, ls="--", color=COLORS["native-int8"], alpha=0.6,
@@ -90,7 +90,7 @@ def decode_figure(result: dict):
     left.set_xticks(batches, [str(b) for b in batches])
     left.set_xlabel("batch (sequences decoded together)")
     left.set_ylabel("decode step time (ms)")
-    left.set_ylim(bottom=0)
+    left.set_ylim(0, 1.5 * left.get_ylim()[1])  # headroom: the legend sits above the lines
     left.legend(fontsize=8, loc="upper left")
     left.set_title("step time per batch (bars: fastest to slowest round)", fontsize=10)
 

@@ -78,8 +78,31 @@ def _check(w: jax.Array, lead: int, contract: int) -> None:
         raise ValueError(f"native kernels are float32; this weight is {w.dtype}")
 
 
+class _Stored:
+    """What both stored forms share: `w` holds a 2-D (or stacked) weight of `shape` = lead +
+    (K, N), multiplied as `x @ w`."""
+
+    @property
+    def k(self) -> int:
+        return self.shape[-2]
+
+    @property
+    def n(self) -> int:
+        return self.shape[-1]
+
+    @property
+    def dtype(self):
+        return self.w.dtype
+
+    def _rows(self, x: jax.Array) -> jax.Array:
+        """x [..., K] as rows [M, K]; a stacked weight must be indexed first."""
+        if self.lead:
+            raise ValueError(f"x @ w takes a 2-D weight; this one is {self.shape}: index it")
+        return x.reshape(-1, self.k)
+
+
 @struct.dataclass
-class Panels:
+class Panels(_Stored):
     """A weight of `shape` (lead + K + N axes) stored in panels, w [*lead, ceil(N / PANEL), K,
     PANEL] (`panels`): float32, or int8 with `scale` [*lead, N] (quant's "int8": one float32
     scale per output). `x @ w` runs the native kernel."""
@@ -105,18 +128,6 @@ class Panels:
         return cls(panels(jnp.swapaxes(q.q, -1, -2)), tuple(q.shape), q.lead, q.scale)
 
     @property
-    def k(self) -> int:
-        return self.shape[-2]
-
-    @property
-    def n(self) -> int:
-        return self.shape[-1]
-
-    @property
-    def dtype(self):
-        return self.w.dtype
-
-    @property
     def nbytes(self) -> int:
         return self.w.nbytes + (0 if self.scale is None else self.scale.nbytes)
 
@@ -130,11 +141,8 @@ class Panels:
         return Panels(self.w[index], self.shape[1:], self.lead - 1, scale)
 
     def __rmatmul__(self, x: jax.Array) -> jax.Array:  # x [..., K] @ w [K, N] -> [..., N]
-        if self.lead:
-            raise ValueError(f"x @ w takes a 2-D weight; this one is {self.shape}: index it")
-        lead = x.shape[:-1]
-        y = rows(x.reshape(-1, self.k).astype(jnp.float32), self.w, self.n, self.scale)
-        return y.astype(x.dtype).reshape(*lead, self.n)
+        y = rows(self._rows(x).astype(jnp.float32), self.w, self.n, self.scale)
+        return y.astype(x.dtype).reshape(*x.shape[:-1], self.n)
 
     def dequantize(self, dtype=jnp.float32) -> jax.Array:
         """The weight in its original layout [*lead, K, N] (for einsum products)."""
@@ -146,7 +154,7 @@ class Panels:
 
 
 @struct.dataclass
-class OutputMajor:
+class OutputMajor(_Stored):
     """A float32 weight of `shape` (lead + K + N axes) stored as w [*lead, N, K], multiplied by
     XLA (`matmul="output-major"`: the layout alone, the pure-JAX lesson)."""
 
@@ -158,18 +166,6 @@ class OutputMajor:
     def of(cls, w: jax.Array, lead: int = 0, contract: int = 1) -> OutputMajor:
         _check(w, lead, contract)
         return cls(jnp.swapaxes(w, -1, -2), tuple(w.shape), lead)
-
-    @property
-    def k(self) -> int:
-        return self.shape[-2]
-
-    @property
-    def n(self) -> int:
-        return self.shape[-1]
-
-    @property
-    def dtype(self):
-        return self.w.dtype
 
     @property
     def nbytes(self) -> int:
@@ -184,11 +180,8 @@ class OutputMajor:
         return OutputMajor(self.w[index], self.shape[1:], self.lead - 1)
 
     def __rmatmul__(self, x: jax.Array) -> jax.Array:  # x [..., K] @ w [K, N] -> [..., N]
-        if self.lead:
-            raise ValueError(f"x @ w takes a 2-D weight; this one is {self.shape}: index it")
-        lead = x.shape[:-1]
-        y = jax.lax.dot_general(x.reshape(-1, self.k), self.w, (((1,), (1,)), ((), ())))
-        return y.astype(x.dtype).reshape(*lead, self.n)
+        y = jax.lax.dot_general(self._rows(x), self.w, (((1,), (1,)), ((), ())))
+        return y.astype(x.dtype).reshape(*x.shape[:-1], self.n)
 
     def dequantize(self, dtype=jnp.float32) -> jax.Array:
         """The weight in its original layout (for einsum products): a transpose."""
