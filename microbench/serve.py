@@ -12,8 +12,8 @@ What `python -m microbench serve` runs, in this order, all on one model and one 
    with / without.
 4. Pool size: the middle rate's mixed run with smaller pools: hit rate, preemptions, TTFT.
 5. Decode step: the engine's decode step with B running sequences at context S against the
-   plain batched `Phases` decode at the same B and S, timed in the same run (before and after
-   the engine, so drift shows as two numbers).
+   plain batched `Phases` decode at the same B and S, timed in the same run (`decode_ratio`);
+   where the native page gather is the engine's, again with XLA's gather.
 
 Every run is warmed up first: all its shapes are compiled before the clock starts (each run
 records `compiles`, the shapes compiled during the run itself: 0 when warmup covered them).
@@ -184,7 +184,8 @@ def unloaded(model, setup: Setup, cfg, max_len: int, pool: int, repeats: int = 3
     return {k: float(np.median(v)) for k, v in out.items()}
 
 
-def decode_ratio(model, setup: Setup, repeats: int = 40, rounds: int = 3) -> dict:
+def decode_ratio(model, setup: Setup, repeats: int = 40, rounds: int = 3,
+                 gather: str = "auto") -> dict:
     """Tokens/s of the engine's decode steps with B sequences at context S against the jitted
     `Phases` decode at (B, S) (a contiguous cache of S + 1 tokens), in the same run. The
     engine's view is the same S + 1 tokens (rounded up to a page): its requests' prompts are
@@ -195,9 +196,12 @@ def decode_ratio(model, setup: Setup, repeats: int = 40, rounds: int = 3) -> dic
     - `ratio`: a whole step of `Engine.run` (schedule, the paged model call, commit), median
       over the decode-only steps of B requests run back to back, against a block of Phases
       calls run back to back just before;
-    - `call_ratio`: the paged model call alone (gather, model, scatter) against the Phases
-      call, timed alternately, call for call (each evicts the other's data from the caches,
-      so both are slower than back to back)."""
+    - `call_ratio`: the paged model call alone (gather, model, scatter) of the B decoding
+      sequences against the Phases call, timed alternately, call for call (each evicts the
+      other's data from the caches, so both are slower than back to back).
+
+    `gather` is the engine's (Engine's `gather`: how the view is built from the pages); the
+    result names the one used."""
     B, S, ps = setup.decode_batch, setup.decode_context, setup.page_size
     if S <= repeats:
         raise ValueError(f"decode_context={S} must exceed the {repeats} decode steps timed")
@@ -220,10 +224,12 @@ def decode_ratio(model, setup: Setup, repeats: int = 40, rounds: int = 3) -> dic
     def engine():
         e = Engine(model, num_pages=B * pages_for(max_len, ps), page_size=ps, policy="mixed",
                    token_budget=max_len, max_running=B, prefix_cache=False,
-                   max_len=max_len, shapes="fixed")
+                   max_len=max_len, shapes="fixed", gather=gather)
         e.warmup()
+        e_gather[0] = e.gather
         return e
 
+    e_gather = [gather]
     reqs = [refmodel.serving.Request(i, tuple(rng.integers(0, model.cfg.vocab_size,
                                                           S - repeats)), repeats + 1)
             for i in range(B)]
@@ -233,11 +239,12 @@ def decode_ratio(model, setup: Setup, repeats: int = 40, rounds: int = 3) -> dic
         block = [contiguous_call() for _ in range(repeats)]
         run = engine().run(reqs)  # every prompt in the first step, then B rows decode
         steps = [s.seconds for s in run.steps if s.decode_rows == B and not s.prefill]
-        alone = engine()  # the same requests, stopped after prefill: its decode call alone
+        alone = engine()  # the same requests, stopped once all B decode: that call alone
         alone.scheduler.submit(reqs)
         plan = alone.scheduler.schedule(0.0)
-        alone.scheduler.commit(plan, alone.execute(plan), 0.0)
-        plan = alone.scheduler.schedule(0.0)  # B decodes
+        while plan.prefill or len(plan.decode) < B:  # one prompt's prefill per step
+            alone.scheduler.commit(plan, alone.execute(plan), 0.0)
+            plan = alone.scheduler.schedule(0.0)
         calls, contiguous = [], []
         for _ in range(repeats):
             contiguous.append(contiguous_call())
@@ -252,6 +259,7 @@ def decode_ratio(model, setup: Setup, repeats: int = 40, rounds: int = 3) -> dic
     step_s, phases_s = float(np.median(out["engine_step_s"])), \
         float(np.median(out["phases_step_s"]))
     return {"batch": B, "context": S, "view_tokens": max_len, "steps_per_round": repeats,
+            "gather": e_gather[0],
             "rounds": rounds, **{f"{k}_by_round": v for k, v in out.items()},
             "engine_step_s": step_s, "phases_step_s": phases_s,
             "engine_tokens_per_s": B / step_s, "phases_tokens_per_s": B / phases_s,
@@ -321,6 +329,12 @@ def measure(setup: Setup, progress=None) -> dict:
                             "rate_fraction": fractions[mid], "pool_fraction": frac}))
     say("decode step: engine vs Phases")
     ratio = decode_ratio(model, setup)
+    if ratio["gather"] == "native":  # the same comparison with XLA's gather, for the record
+        say("decode step: engine (XLA's page gather) vs Phases")
+        xla = decode_ratio(model, setup, gather="xla")
+        ratio["xla_gather"] = {k: xla[k] for k in ("ratio", "call_ratio", "ratio_by_round",
+                                                    "call_ratio_by_round", "engine_step_s",
+                                                    "phases_step_s")}
     return {"kind": KIND, "setup": dataclasses.asdict(setup),
             "model": {"preset": setup.model, "label": refmodel.attention.label(cfg),
                       "dtype": cfg.dtype, "params": refmodel.costs.param_counts(cfg)["total"]},

@@ -18,6 +18,7 @@ import pytest
 from conftest import tiny
 
 import refmodel
+from refmodel import kernels
 from refmodel.serving import Request
 from refmodel.serving.engine import Engine, Layout
 from refmodel.serving.steps import bucket
@@ -107,23 +108,28 @@ def test_engine_equals_generate(case):
     assert_no_leak(engine)
 
 
-def test_decode_through_pages_equals_contiguous_decode():
-    """Pages in scrambled order gather to the contiguous cache exactly, and one decode step
-    through them gives the contiguous decode's logits and cache."""
-    cfg = tiny(attention="mla")
+@pytest.mark.parametrize(("attention", "native"), [  # latent [B, S, R]; head-major k, v
+    ("mla", False), ("gqa", False),
+    pytest.param("gqa", True, marks=pytest.mark.skipif(not kernels.available(),
+                                                        reason="native kernels not built"))])
+def test_decode_through_pages_equals_contiguous_decode(attention, native):
+    """Pages in scrambled order gather to the contiguous cache exactly (XLA's gather or the
+    native kernel), and one decode step through them gives the contiguous decode's logits
+    and cache."""
+    cfg = tiny(attention=attention)
     model = refmodel.init(cfg, seed=0)
     B, S = 2, 3 * PAGE + 1
     toks = jax.random.randint(jax.random.key(3), (B, S + 1), 0, cfg.vocab_size, jnp.int32)
     cache = refmodel.init_cache(cfg, B, 4 * PAGE)
     _, cache = refmodel.prefill(model, toks[:, :S], cache)
-    layout = Layout.of(cfg, PAGE)
+    layout = Layout.of(cfg, PAGE, native=native)
     arrays = list(layout.allocate(num_pages=12))
     tables = np.array([[5, 0, 9, 2], [7, 11, 1, 3]], np.int32)  # 4 pages = 16 slots per row
     flat = [jax.tree.leaves(layer) for layer in cache.layers]
     for k, lf in enumerate(layout.leaves):
-        x = jnp.moveaxis(flat[lf.layer][lf.index], lf.axis, 1)  # [B, 16, ...]
-        x = x.reshape(B, 4, PAGE, *x.shape[2:])
-        arrays[k] = arrays[k].at[tables].set(x)
+        x = flat[lf.layer][lf.index]  # [B, ...pre, 16, ...post]
+        x = x.reshape(*x.shape[:lf.axis], 4, PAGE, *x.shape[lf.axis + 1:])
+        arrays[k] = arrays[k].at[tables].set(jnp.moveaxis(x, lf.axis, 1))  # [B, 4, ...page]
     slots = np.zeros((B,), np.int32)
     fresh = np.zeros((B,), bool)
     gathered = [layout.gather(tuple(arrays), layout.initial_states(cfg), tables, slots, fresh,
@@ -136,8 +142,9 @@ def test_decode_through_pages_equals_contiguous_decode():
 
     from refmodel.serving import engine as eng
     graphdef, state = nnx.split(model)
+    weights, statedef = jax.tree.flatten(state)
     start = np.full((B,), S, np.int32)
-    token, new_arrays = eng.step_fn(graphdef, layout, True)(state, tuple(arrays),
+    token, new_arrays = eng.step_fn(graphdef, statedef, layout, True)(weights, tuple(arrays),
                                   layout.initial_states(cfg), np.asarray(toks[:, S:S + 1]),
                                   tables, slots, start, np.ones((B,), np.int32), fresh,
                                   jnp.float32(1.0), jax.random.split(jax.random.key(0), B))
@@ -145,7 +152,7 @@ def test_decode_through_pages_equals_contiguous_decode():
     page, off = tables[:, S // PAGE], S % PAGE
     flat2 = [jax.tree.leaves(layer) for layer in cache2.layers]
     for k, lf in enumerate(layout.leaves):
-        got = new_arrays[k][page, off]  # [B, ...rest]: the token written at position S
+        got = new_arrays[k][eng.token_index(lf, page, off)]  # the token written at S
         exp = jnp.moveaxis(flat2[lf.layer][lf.index], lf.axis, 1)[:, S]
         np.testing.assert_allclose(np.asarray(got), np.asarray(exp), rtol=1e-5, atol=1e-5)
 

@@ -4,10 +4,13 @@ Memory. For every layer, each leaf of the variant's cache is one of two kinds, f
 shapes `init_cache` gives at two lengths (no variant names a kind here):
 
     per-token leaf  (GQA k, v; MLA latent, rope key; the sparse indexer's keys) - its token
-                    axis grows with max_len. Stored as one preallocated array per leaf,
-                    [num_pages + 1, page_size, ...rest]: row p is page p, the last row a
-                    scratch page that padding rows write to. Token t of a sequence with
-                    block table bt lives at row bt[t // page_size], offset t % page_size.
+                    axis grows with max_len. Stored as one preallocated array per leaf, the
+                    leaf's own axes with the batch axis replaced by the page id and the
+                    token axis by the offset in the page: GQA's k [B, K, S, H] lives in
+                    [num_pages + 1, K, page_size, H] (head-major pages, as vLLM's key
+                    cache). Row p is page p, the last row a scratch page that padding rows
+                    write to. Token t of a sequence with block table bt lives at row
+                    bt[t // page_size], offset t % page_size.
     state leaf      (a sliding window's ring, a linear layer's recurrent state and conv
                     inputs) - the same size at any length. Stored as [num_pages + 1,
                     ...leaf]: a sequence's state lives in the row of its slot's first page.
@@ -19,7 +22,8 @@ the budget counts. An engine tuned for memory packs state into the pages' own by
 
 A step. For each model call the engine builds, for the B rows it runs, a contiguous view of
 every cache by gathering pages through the block tables ([B, n * page_size] tokens: the
-pages of max_len plus room for padding, or a power of two that covers the rows), runs the
+pages of max_len plus room for padding, or a power of two that covers the rows; one gather
+whose output is already the variant's cache layout, so the view is written once), runs the
 unchanged model on it (the variants see an ordinary `Cache` with per-row positions), and
 scatters the T new tokens' KV back into their pages and the new states into their slots.
 Gather-then-attend is the paged decode attention of this reference engine: it reads every
@@ -53,6 +57,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from refmodel import kernels
+from refmodel.kernels.pages import gather_pages
 from refmodel.model import Transformer, init_cache
 from refmodel.serving.pool import PagePool
 from refmodel.serving.radix import RadixCache
@@ -81,6 +87,11 @@ class Leaf:
     shape: tuple[int, ...]  # of one sequence's leaf (batch 1) at the probe length
     dtype: str
 
+    def page_shape(self, page_size: int) -> tuple[int, ...]:
+        """One page of a per-token leaf: the leaf's axes, batch dropped, page_size tokens."""
+        return tuple(page_size if k == self.axis else d for k, d in
+                     enumerate(self.shape) if k)
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -89,9 +100,10 @@ class Layout:
     page_size: int
     leaves: tuple[Leaf, ...]
     treedefs: tuple  # per layer: the treedef of its variant cache (None: no mixer)
+    native: bool = False  # gather the view with the native kernel (kernels/pages.py) on CPU
 
     @classmethod
-    def of(cls, cfg, page_size: int) -> Layout:
+    def of(cls, cfg, page_size: int, native: bool = False) -> Layout:
         a, b = page_size, 2 * page_size
         ca = jax.eval_shape(lambda: init_cache(cfg, 1, a))
         cb = jax.eval_shape(lambda: init_cache(cfg, 1, b))
@@ -107,7 +119,7 @@ class Layout:
                                      "token axis has max_len entries")
                 leaves.append(Leaf(i, j, grown[0] if grown else None, tuple(x.shape),
                                    str(x.dtype)))
-        return cls(page_size, tuple(leaves), tuple(treedefs))
+        return cls(page_size, tuple(leaves), tuple(treedefs), native)
 
     @property
     def has_state(self) -> bool:
@@ -128,15 +140,12 @@ class Layout:
         return max(1, -(-self.state_bytes() // per_page)) if per_page else 1
 
     def allocate(self, num_pages: int) -> tuple[jax.Array, ...]:
-        """Zeroed arrays, one per leaf: [rows + 1, page_size, ...rest] or [rows + 1, ...state]."""
+        """Zeroed arrays, one per leaf: [rows + 1, ...page] (Leaf.page_shape) or
+        [rows + 1, ...state]."""
         out = []
         for lf in self.leaves:
-            if lf.axis is None:
-                shape = (num_pages + 1, *lf.shape[1:])
-            else:
-                rest = [d for k, d in enumerate(lf.shape) if k not in (0, lf.axis)]
-                shape = (num_pages + 1, self.page_size, *rest)
-            out.append(jnp.zeros(shape, lf.dtype))
+            page = lf.shape[1:] if lf.axis is None else lf.page_shape(self.page_size)
+            out.append(jnp.zeros((num_pages + 1, *page), lf.dtype))
         return tuple(out)
 
     def initial_states(self, cfg) -> tuple[jax.Array | None, ...]:
@@ -163,9 +172,7 @@ class Layout:
                 f = fresh.reshape((B,) + (1,) * (x.ndim - 1))
                 x = jnp.where(f, x0.astype(x.dtype), x)
             else:
-                x = arr[tables]  # [B, n, page, ...rest]
-                x = x.reshape(B, n * self.page_size, *x.shape[3:])  # [B, S, ...rest]
-                x = jnp.moveaxis(x, 1, lf.axis)
+                x = gather_pages(arr, tables, lf.axis, self.native)
             leaves.append(x)
         return jax.tree.unflatten(self.treedefs[layer], leaves)
 
@@ -189,32 +196,45 @@ class Layout:
             if lf.axis is None:
                 arrays[k] = arr.at[slots].set(x.astype(arr.dtype))
                 continue
-            x = jnp.moveaxis(x, lf.axis, 1)  # [B, S, ...rest]
-            vals = x[rows, jnp.clip(pos, 0, x.shape[1] - 1)]  # [B, T, ...rest]
-            arrays[k] = arr.at[page, off].set(vals.astype(arr.dtype))
+            x = jnp.moveaxis(x, lf.axis, 1)  # [B, S, ...pre, ...post]
+            vals = x[rows, jnp.clip(pos, 0, x.shape[1] - 1)]  # [B, T, ...pre, ...post]
+            arrays[k] = arr.at[token_index(lf, page, off)].set(vals.astype(arr.dtype))
+
+
+def token_index(lf: Leaf, page, off) -> tuple:
+    """Index into a leaf's page array [P, ...pre, page, ...post] of the tokens at (page, off)
+    (integer arrays of one shape): arr[token_index(...)] is [...shape, ...pre, ...post]."""
+    return (page, *[slice(None)] * (lf.axis - 1), off)
 
 
 TRACES = [0]  # how many times a step was traced (= compiled), over the process
+# How the view is gathered from the pages: "native" (kernels/pages.py's kernel, CPU),
+# "xla" (XLA's gather), or "auto" (native where the kernels build, else xla).
+GATHERS = ("auto", "native", "xla")
 
 
 @functools.lru_cache(maxsize=64)
-def step_fn(graphdef, layout: Layout, greedy: bool):
-    """The jitted step for one model graph and layout: `fn(state, arrays, init, tokens,
+def step_fn(graphdef, statedef, layout: Layout, greedy: bool):
+    """The jitted step for one model graph and layout: `fn(weights, arrays, init, tokens,
     tables, slots, start, new, fresh, temperature, keys) -> (tokens [B], arrays)`, arrays
-    donated. The graph is bound here, once: hashing it on every call as a static argument
-    costs more than a small model's whole decode step."""
-    return jax.jit(functools.partial(_step, graphdef, layout, greedy), donate_argnums=(1,))
+    donated; `weights` is the model state's leaves (`jax.tree.flatten(state)` gives them and
+    `statedef`). The graph and the state's structure are bound here, once: hashing the graph
+    on every call as a static argument costs more than a small model's whole decode step,
+    and flattening an nnx.State (a Python pytree node per variable) cost ~80 us a call on
+    `small` (2-core Zen 4), against ~13 us for its list of leaves."""
+    return jax.jit(functools.partial(_step, graphdef, statedef, layout, greedy),
+                   donate_argnums=(1,))
 
 
-def _step(graphdef, layout: Layout, greedy: bool, state, arrays, init, tokens, tables, slots,
-          start, new, fresh, temperature, keys):
+def _step(graphdef, statedef, layout: Layout, greedy: bool, weights, arrays, init, tokens,
+          tables, slots, start, new, fresh, temperature, keys):
     """One model call on B rows of T tokens through the pages -> (next token [B], arrays).
 
     tokens int32 [B, T]; tables int32 [B, n]; slots int32 [B]; start int32 [B] (position of
     each row's first token); new int32 [B] (real tokens per row, the rest is padding); fresh
     bool [B] (state starts from scratch); keys [B] PRNG keys (unused when greedy)."""
     TRACES[0] += 1
-    model = nnx.merge(graphdef, state)
+    model = nnx.merge(graphdef, jax.tree.unflatten(statedef, weights))
     B, T = tokens.shape
     arrays = list(arrays)
     # The model's own layer loop (Transformer.__call__), with each layer's view gathered
@@ -248,16 +268,22 @@ class Engine:
                  policy: str = "mixed", token_budget: int = 256, max_running: int = 32,
                  prefix_cache: bool | None = None, cache_aware: bool = True,
                  max_len: int | None = None, shapes: str = "pow2", temperature: float = 0.0,
-                 seed: int = 0, array_pages: int | None = None):
+                 seed: int = 0, array_pages: int | None = None, gather: str = "auto"):
         cfg = model.cfg
         if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
                 and temperature >= 0):
             raise ValueError(f"temperature={temperature!r} must be a finite number >= 0")
         self.cfg, self.temperature, self.seed = cfg, float(temperature), seed
-        self.layout = Layout.of(cfg, page_size) if isinstance(page_size, int) \
-            and page_size > 0 else None
-        if self.layout is None:
+        if not (isinstance(page_size, int) and page_size > 0):
             raise ValueError(f"page_size={page_size!r} must be a positive integer")
+        if gather not in GATHERS:
+            raise ValueError(f"gather={gather!r}: choose one of {GATHERS}")
+        if gather == "native" and not kernels.available():
+            raise RuntimeError(f"gather='native' needs the native kernels, which are not "
+                               f"available here: {kernels.why_not()}; use 'auto' or 'xla'")
+        self.gather = "native" if gather == "native" or (
+            gather == "auto" and kernels.available()) else "xla"
+        self.layout = Layout.of(cfg, page_size, native=self.gather == "native")
         state_layers = self.layout.has_state
         if prefix_cache and state_layers:
             raise ValueError(
@@ -269,8 +295,9 @@ class Engine:
         self.cache = RadixCache(self.pool) if use_cache else None
         self.scheduler = Scheduler(self.pool, policy, token_budget, max_running, self.cache,
                                    cache_aware, slots=1 if state_layers else 0)
-        self.graphdef, self.state = nnx.split(model)
-        self.step = step_fn(self.graphdef, self.layout, self.temperature == 0.0)
+        self.graphdef, state = nnx.split(model)
+        self.weights, statedef = jax.tree.flatten(state)
+        self.step = step_fn(self.graphdef, statedef, self.layout, self.temperature == 0.0)
         self._temperature = jnp.float32(max(self.temperature, 1e-6))
         self._placeholder: dict[int, jax.Array] = {}
         self.init = self.layout.initial_states(cfg)
@@ -360,7 +387,7 @@ class Engine:
             last = max(0, self.view_pages * self.pool.page_size - T)  # rows end at max_len
             tables, start = pages, np.full((B,), last, np.int32)
             new = np.full((B,), T, np.int32)
-        return (self.state, self.arrays, self.init, tokens, tables,
+        return (self.weights, self.arrays, self.init, tokens, tables,
                 np.full((B,), s, np.int32), start, new, np.full((B,), pages is None),
                 self._temperature, self._keys(B))
 
@@ -448,7 +475,7 @@ class Engine:
             ids = np.zeros((B,), np.uint32)
             ids[:len(chunks)] = [c.seq for c in chunks]
             keys = _request_keys(jax.random.key(self.seed), ids, index.astype(np.uint32))
-        token, self.arrays = self.step(self.state, self.arrays, self.init, tok, tab, slots,
+        token, self.arrays = self.step(self.weights, self.arrays, self.init, tok, tab, slots,
                                        start, new, fresh, self._temperature, keys)
         return token
 
