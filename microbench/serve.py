@@ -13,7 +13,7 @@ What `python -m microbench serve` runs, in this order, all on one model and one 
 4. Pool size: the middle rate's mixed run with smaller pools: hit rate, preemptions, TTFT.
 5. Decode step: the engine's decode step with B running sequences at context S against the
    plain batched `Phases` decode at the same B and S, timed in the same run (`decode_ratio`);
-   where the native page gather is the engine's, again with XLA's gather.
+   where the engine's page kernels are native, again with XLA's (a gathered view per layer).
 
 Every run is warmed up first: all its shapes are compiled before the clock starts (each run
 records `compiles`, the shapes compiled during the run itself: 0 when warmup covered them).
@@ -185,7 +185,7 @@ def unloaded(model, setup: Setup, cfg, max_len: int, pool: int, repeats: int = 3
 
 
 def decode_ratio(model, setup: Setup, repeats: int = 40, rounds: int = 3,
-                 gather: str = "auto") -> dict:
+                 kernels: str = "auto") -> dict:
     """Tokens/s of the engine's decode steps with B sequences at context S against the jitted
     `Phases` decode at (B, S) (a contiguous cache of S + 1 tokens), in the same run. The
     engine's view is the same S + 1 tokens (rounded up to a page): its requests' prompts are
@@ -194,14 +194,16 @@ def decode_ratio(model, setup: Setup, repeats: int = 40, rounds: int = 3,
     Two comparisons, each like with like and each a median over `rounds` rounds of a ratio
     measured within one round (the machine drifts between rounds, not within one):
     - `ratio`: a whole step of `Engine.run` (schedule, the paged model call, commit), median
-      over the decode-only steps of B requests run back to back, against a block of Phases
-      calls run back to back just before;
+      over the decode-only steps of B requests, against a Phases call made after each of those
+      steps (between steps, outside their clock: step for step, so drift within the round
+      falls on both; a block of Phases calls before the run differed from the run's steps by
+      up to 30% between rounds on a 2-core Zen 4);
     - `call_ratio`: the paged model call alone (gather, model, scatter) of the B decoding
       sequences against the Phases call, timed alternately, call for call (each evicts the
       other's data from the caches, so both are slower than back to back).
 
-    `gather` is the engine's (Engine's `gather`: how the view is built from the pages); the
-    result names the one used."""
+    `kernels` is the Engine's option (how a step reads the pages: native decode attention in
+    place, or a view gathered by XLA); the result names the one used."""
     B, S, ps = setup.decode_batch, setup.decode_context, setup.page_size
     if S <= repeats:
         raise ValueError(f"decode_context={S} must exceed the {repeats} decode steps timed")
@@ -224,21 +226,23 @@ def decode_ratio(model, setup: Setup, repeats: int = 40, rounds: int = 3,
     def engine():
         e = Engine(model, num_pages=B * pages_for(max_len, ps), page_size=ps, policy="mixed",
                    token_budget=max_len, max_running=B, prefix_cache=False,
-                   max_len=max_len, shapes="fixed", gather=gather)
+                   max_len=max_len, shapes="fixed", kernels=kernels)
         e.warmup()
-        e_gather[0] = e.gather
+        used[0] = e.kernels
         return e
 
-    e_gather = [gather]
+    used = [kernels]
     reqs = [refmodel.serving.Request(i, tuple(rng.integers(0, model.cfg.vocab_size,
                                                           S - repeats)), repeats + 1)
             for i in range(B)]
     out = {"phases_step_s": [], "engine_step_s": [], "phases_interleaved_s": [],
            "engine_call_s": []}
     for _ in range(rounds):
-        block = [contiguous_call() for _ in range(repeats)]
-        run = engine().run(reqs)  # every prompt in the first step, then B rows decode
-        steps = [s.seconds for s in run.steps if s.decode_rows == B and not s.prefill]
+        after: list[float] = []  # a Phases call after every step of the run
+        run = engine().run(reqs, progress=lambda _, a=after: a.append(contiguous_call()))
+        pairs = [(s.seconds, p) for s, p in zip(run.steps, after, strict=True)
+                 if s.decode_rows == B and not s.prefill]  # the prompts' steps, then decodes
+        steps, block = [e for e, _ in pairs], [p for _, p in pairs]
         alone = engine()  # the same requests, stopped once all B decode: that call alone
         alone.scheduler.submit(reqs)
         plan = alone.scheduler.schedule(0.0)
@@ -259,7 +263,7 @@ def decode_ratio(model, setup: Setup, repeats: int = 40, rounds: int = 3,
     step_s, phases_s = float(np.median(out["engine_step_s"])), \
         float(np.median(out["phases_step_s"]))
     return {"batch": B, "context": S, "view_tokens": max_len, "steps_per_round": repeats,
-            "gather": e_gather[0],
+            "kernels": used[0],
             "rounds": rounds, **{f"{k}_by_round": v for k, v in out.items()},
             "engine_step_s": step_s, "phases_step_s": phases_s,
             "engine_tokens_per_s": B / step_s, "phases_tokens_per_s": B / phases_s,
@@ -329,10 +333,10 @@ def measure(setup: Setup, progress=None) -> dict:
                             "rate_fraction": fractions[mid], "pool_fraction": frac}))
     say("decode step: engine vs Phases")
     ratio = decode_ratio(model, setup)
-    if ratio["gather"] == "native":  # the same comparison with XLA's gather, for the record
+    if ratio["kernels"] == "native":  # the same comparison on XLA's path, for the record
         say("decode step: engine (XLA's page gather) vs Phases")
-        xla = decode_ratio(model, setup, gather="xla")
-        ratio["xla_gather"] = {k: xla[k] for k in ("ratio", "call_ratio", "ratio_by_round",
+        xla = decode_ratio(model, setup, kernels="xla")
+        ratio["xla"] = {k: xla[k] for k in ("ratio", "call_ratio", "ratio_by_round",
                                                     "call_ratio_by_round", "engine_step_s",
                                                     "phases_step_s")}
     return {"kind": KIND, "setup": dataclasses.asdict(setup),

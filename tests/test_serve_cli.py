@@ -40,7 +40,7 @@ def test_quick_serve_writes_results_and_figures(tmp_path):
     d = r["decode"]
     assert d["ratio"] > 0 and len(d["ratio_by_round"]) == d["rounds"] >= 1
     assert d["view_tokens"] >= d["context"] + 1  # the engine and Phases over one length
-    assert d["gather"] in ("native", "xla") and ("xla_gather" in d) == (d["gather"] == "native")
+    assert d["kernels"] in ("native", "xla") and ("xla" in d) == (d["kernels"] == "native")
     assert r["peer"]["error"].startswith("not asked")
     assert "mean TTFT without / with" in (out / "serve.md").read_text()
 

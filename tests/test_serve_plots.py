@@ -71,9 +71,9 @@ def _result() -> dict:
         "claims": {"decode_engine_over_phases": 0.8,
                    "prefix_cache_ttft_speedup": 0.009 / 0.006,
                    "goodput_by_rate": [{"rate": k, **v} for k, v in sorted(goodput.items())]},
-        "decode": {"batch": 4, "context": 127, "gather": "native",
+        "decode": {"batch": 4, "context": 127, "kernels": "native",
                    "engine_tokens_per_s": 8000.0, "phases_tokens_per_s": 10000.0, "ratio": 0.8,
-                   "xla_gather": {"ratio": 0.7}},
+                   "xla": {"ratio": 0.7}},
     }
 
 
@@ -116,8 +116,8 @@ def test_summary_reports_the_claims_from_the_json():
     result = _result()
     text = serving_summary(result)
     assert "| 1.50x |" in text  # 9 ms / 6 ms mean TTFT, without / with the radix cache
-    assert "0.80x" in text and "batch 4, context 127, gather native" in text
-    assert "| the same with XLA's page gather | 0.70x |" in text
+    assert "0.80x" in text and "batch 4, context 127, kernels native" in text
+    assert "| the same on XLA's path (a view gathered per layer) | 0.70x |" in text
     assert "| offered rate (requests/s) | mixed | static |" in text
     # goodput at 400 requests/s: mixed 4/4 within the SLOs, static 1/4 (TTFT 13.5, 18, 22.5 ms > 12)
     assert "| 400 | 360 | 90 |" in text

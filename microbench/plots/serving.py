@@ -404,7 +404,7 @@ def serving_summary(result: dict) -> str:
     lines = ["| claim | measured |", "|---|---|"]
     decode = result.get("decode") or {}
     ratio = claims.get("decode_engine_over_phases", decode.get("ratio"))
-    where = ", ".join(f"{k} {decode[k]}" for k in ("batch", "context", "gather")
+    where = ", ".join(f"{k} {decode[k]}" for k in ("batch", "context", "kernels")
                       if k in decode)
     tps = ""
     if decode.get("engine_tokens_per_s") and decode.get("phases_tokens_per_s"):
@@ -412,9 +412,10 @@ def serving_summary(result: dict) -> str:
                f"{_num(decode['phases_tokens_per_s'])} tokens/s)")
     lines.append(f"| decode step, engine / Phases tokens/s{f' ({where})' if where else ''} "
                  f"| {_x(ratio)}{tps} |")
-    xla = decode.get("xla_gather")
+    xla = decode.get("xla")
     if xla and xla.get("ratio") is not None:
-        lines.append(f"| the same with XLA's page gather | {_x(xla['ratio'])} |")
+        lines.append(f"| the same on XLA's path (a view gathered per layer) | "
+                     f"{_x(xla['ratio'])} |")
     on, off = _prefix_pair(runs)
     speedup = claims.get("prefix_cache_ttft_speedup")
     if speedup is None and on and off and _mean_ttft(on):

@@ -131,6 +131,12 @@ class AttentionLayer(nnx.Module):
     def __call__(self, x: jax.Array, start: jax.Array, cache):
         raise NotImplementedError
 
+    def reads_pages(self) -> bool:
+        """Whether a decode call (one token per row) takes the serving engine's pages in place,
+        a `refmodel.kernels.pages.PagedKV`, instead of its contiguous cache (default: no; the
+        engine then gathers the pages into a contiguous view for it)."""
+        return False
+
     def verify(self, x: jax.Array, start: jax.Array, cache):
         """The call, plus the per-position snapshots `rollback` needs (default: None)."""
         y, cache = self(x, start, cache)

@@ -30,6 +30,7 @@ from refmodel.attention.common import (
 )
 from refmodel.config import ModelConfig
 from refmodel.counting import Cost, Dtypes, matmul
+from refmodel.kernels.pages import PagedKV
 from refmodel.layers import NORM_FLOPS, SIGMOID_FLOPS, SOFTCAP_FLOPS, param, zeros
 from refmodel.quant import cache_read, cache_zeros
 
@@ -161,9 +162,21 @@ class GroupedQueryAttention(AttentionLayer):
         return attend(q, k, v, mask, self.cfg.softmax_scale, self.cfg.attn_softcap, sinks,
                       written)
 
-    def __call__(self, x: jax.Array, start: jax.Array, cache: KVCache | None):
+    def reads_pages(self) -> bool:
+        """Float32 keys and values with a plain softmax (no soft-capping, no sinks), in this
+        class's own `__call__` (the sliding and sparse variants override it): the kernel's
+        case."""
+        cfg = self.cfg
+        return (type(self).__call__ is GroupedQueryAttention.__call__
+                and cfg.dtype == "float32" and cfg.kv_format == "none"
+                and cfg.attn_softcap is None and not cfg.attn_sinks)
+
+    def __call__(self, x: jax.Array, start: jax.Array, cache: KVCache | PagedKV | None):
         positions = positions_of(start, x.shape[1])  # [T], or [B, T] for a start per row
         q, k, v = self.project(x, positions)
+        if isinstance(cache, PagedKV):  # the serving engine's pages, read in place (decode)
+            cache = cache.write(k, v, start)
+            return self.output(x, cache.attend(q, self.cfg.softmax_scale, start + 1)), cache
         if cache is None:
             o = self.core(q, k, v, causal_mask(positions, positions))
             return self.output(x, o), None

@@ -29,13 +29,14 @@ from pathlib import Path
 import jax
 
 HERE = Path(__file__).parent
-SOURCES = ("rows.cc", "pages.cc")
+SOURCES = ("rows.cc", "pages.cc", "attend.cc")
 HEADERS = ("common.h",)  # hashed with the sources: a change rebuilds
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-fPIC", "-shared",
          "-fno-math-errno")
 # symbol in the library -> the FFI target name it is registered under
 TARGETS = {"RowsF32": "refmodel_rows_f32", "RowsI8": "refmodel_rows_int8",
-           "GatherPagesAny": "refmodel_gather_pages"}
+           "GatherPagesAny": "refmodel_gather_pages",
+           "PagedAttentionF32": "refmodel_paged_attention_f32"}
 
 _why_not: list[str] = []
 

@@ -26,10 +26,15 @@ pages of max_len plus room for padding, or a power of two that covers the rows; 
 whose output is already the variant's cache layout, so the view is written once), runs the
 unchanged model on it (the variants see an ordinary `Cache` with per-row positions), and
 scatters the T new tokens' KV back into their pages and the new states into their slots.
-Gather-then-attend is the paged decode attention of this reference engine: it reads every
-cached byte once more than a fused paged kernel (vLLM's PagedAttention reads the pages
-inside the attention kernel); the serve benchmark measures what that costs against
-`Phases`' contiguous decode.
+Gather-then-attend reads every cached byte once more than a contiguous cache would (a write
+and a read of the view). So with the native kernels (`kernels="auto"` where they build, or
+"native"), a decode call hands each layer that `reads_pages()` (GQA/MHA/MQA in float32 with
+a plain softmax) a `PagedKV` instead: the layer writes its one new key and value into their
+page and attends over the pages where they lie (`refmodel.kernels.pages`, vLLM's
+PagedAttention for a CPU); other layers, and prefill chunks, get the view, gathered by the
+native kernel (rows of memcpy; XLA:CPU's gather ran at 2-5 GB/s) or, with `kernels="xla"`
+or on an accelerator, by XLA. The serve benchmark measures each path against `Phases`'
+contiguous decode.
 
 One call per prefill chunk (B = 1, T padded to a power of two: extra causal tokens change
 nothing before them; a model with state layers, whose state would absorb padding, instead
@@ -57,8 +62,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from refmodel import kernels
-from refmodel.kernels.pages import gather_pages
+from refmodel import kernels as native_kernels
+from refmodel.kernels.pages import PagedKV, gather_pages
 from refmodel.model import Transformer, init_cache
 from refmodel.serving.pool import PagePool
 from refmodel.serving.radix import RadixCache
@@ -100,7 +105,7 @@ class Layout:
     page_size: int
     leaves: tuple[Leaf, ...]
     treedefs: tuple  # per layer: the treedef of its variant cache (None: no mixer)
-    native: bool = False  # gather the view with the native kernel (kernels/pages.py) on CPU
+    native: bool = False  # native page kernels on CPU (kernels/pages.py): gather, attention
 
     @classmethod
     def of(cls, cfg, page_size: int, native: bool = False) -> Layout:
@@ -156,12 +161,17 @@ class Layout:
                      for lf in self.leaves)
 
     # ---- inside the jitted step ------------------------------------------------------------
-    def gather(self, arrays, init, tables, slots, fresh, layer: int):
+    def gather(self, arrays, init, tables, slots, fresh, layer: int, in_place: bool = False):
         """Layer `layer`'s cache for B rows (None for a layer without a mixer): tables int32
         [B, n] page ids, slots int32 [B], fresh bool [B] (a row whose state starts from
-        `init`)."""
+        `init`). in_place: the layer's pages themselves, as a `PagedKV` (its key and value
+        leaves), for a layer that reads them in place."""
         if self.treedefs[layer].num_leaves == 0:
             return None
+        if in_place:
+            k, v = (arr for lf, arr in zip(self.leaves, arrays, strict=True)
+                    if lf.layer == layer)
+            return PagedKV(k, v, tables)
         B, n = tables.shape
         leaves = []
         for lf, arr, x0 in zip(self.leaves, arrays, init, strict=True):
@@ -181,6 +191,10 @@ class Layout:
         [B] tokens' KV (positions start .. start + new - 1, read from the updated contiguous
         `cache`) into their pages, and each row's state into its slot. Positions past `new`
         (padding) go to the scratch page."""
+        if isinstance(cache, PagedKV):  # written in place by the layer
+            mine = [k for k, lf in enumerate(self.leaves) if lf.layer == layer]
+            arrays[mine[0]], arrays[mine[1]] = cache.k, cache.v
+            return
         B, n = tables.shape
         ps, scratch = self.page_size, arrays[0].shape[0] - 1
         pos = start[:, None] + jnp.arange(T)  # [B, T]
@@ -208,9 +222,10 @@ def token_index(lf: Leaf, page, off) -> tuple:
 
 
 TRACES = [0]  # how many times a step was traced (= compiled), over the process
-# How the view is gathered from the pages: "native" (kernels/pages.py's kernel, CPU),
-# "xla" (XLA's gather), or "auto" (native where the kernels build, else xla).
-GATHERS = ("auto", "native", "xla")
+# How a step reads the pages: "native" (kernels/pages.py on CPU: decode attention in place
+# where a layer reads pages, else the native gather of a view), "xla" (XLA's gather of a
+# view, every layer), or "auto" (native where the kernels build, else xla).
+KERNELS = ("auto", "native", "xla")
 
 
 @functools.lru_cache(maxsize=64)
@@ -239,10 +254,13 @@ def _step(graphdef, statedef, layout: Layout, greedy: bool, weights, arrays, ini
     arrays = list(arrays)
     # The model's own layer loop (Transformer.__call__), with each layer's view gathered
     # just before the layer and its new tokens scattered right after: one layer's view is
-    # live at a time (it stays in cache), not every layer's at once.
+    # live at a time (it stays in cache), not every layer's at once. A decode call (T = 1)
+    # with the native kernels gives a layer that reads pages its pages instead.
     x = model.embed_tokens(tokens, start)
     for i, block in enumerate(model.blocks):
-        view = layout.gather(arrays, init, tables, slots, fresh, i)
+        attn = getattr(block, "attn", None)
+        in_place = layout.native and T == 1 and attn is not None and attn.reads_pages()
+        view = layout.gather(arrays, init, tables, slots, fresh, i, in_place)
         x, view = block.mix(x, start, view)
         if view is not None:
             layout.scatter(arrays, view, tables, slots, start, new, T, i)
@@ -268,7 +286,7 @@ class Engine:
                  policy: str = "mixed", token_budget: int = 256, max_running: int = 32,
                  prefix_cache: bool | None = None, cache_aware: bool = True,
                  max_len: int | None = None, shapes: str = "pow2", temperature: float = 0.0,
-                 seed: int = 0, array_pages: int | None = None, gather: str = "auto"):
+                 seed: int = 0, array_pages: int | None = None, kernels: str = "auto"):
         cfg = model.cfg
         if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
                 and temperature >= 0):
@@ -276,14 +294,15 @@ class Engine:
         self.cfg, self.temperature, self.seed = cfg, float(temperature), seed
         if not (isinstance(page_size, int) and page_size > 0):
             raise ValueError(f"page_size={page_size!r} must be a positive integer")
-        if gather not in GATHERS:
-            raise ValueError(f"gather={gather!r}: choose one of {GATHERS}")
-        if gather == "native" and not kernels.available():
-            raise RuntimeError(f"gather='native' needs the native kernels, which are not "
-                               f"available here: {kernels.why_not()}; use 'auto' or 'xla'")
-        self.gather = "native" if gather == "native" or (
-            gather == "auto" and kernels.available()) else "xla"
-        self.layout = Layout.of(cfg, page_size, native=self.gather == "native")
+        if kernels not in KERNELS:
+            raise ValueError(f"kernels={kernels!r}: choose one of {KERNELS}")
+        if kernels == "native" and not native_kernels.available():
+            raise RuntimeError(f"kernels='native' needs the native kernels, which are not "
+                               f"available here: {native_kernels.why_not()}; use 'auto' or "
+                               "'xla'")
+        self.kernels = "native" if kernels == "native" or (
+            kernels == "auto" and native_kernels.available()) else "xla"
+        self.layout = Layout.of(cfg, page_size, native=self.kernels == "native")
         state_layers = self.layout.has_state
         if prefix_cache and state_layers:
             raise ValueError(

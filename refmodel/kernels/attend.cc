@@ -1,0 +1,141 @@
+// Paged decode attention: one query per sequence attends over its keys and values where they
+// lie, in the serving engine's pages, with no contiguous copy (vLLM's PagedAttention, for a
+// CPU). The engine's other path gathers the pages into a view first (pages.cc), a write and a
+// read of every cached byte more than a contiguous cache's decode.
+//
+// q [B, K, G, H]: the step's query, G query heads per KV head (GQA; MHA G = 1, MQA K = 1).
+// k, v [P, K, page, H]: pages of keys and values, head-major as the engine stores GQA's cache.
+// tables int32 [B, n]: each sequence's pages in token order. lens int32 [B]: keys at positions
+// < lens[b] are seen (the query's own position + 1: causal). out [B, K, G, H].
+// scores = scale q.k over the keys, softmax, times v: float32 throughout.
+//
+// Per (sequence, KV head), page by page, an online softmax (Milakov & Gimelshein 2018, as
+// FlashAttention): the page's scores for the G heads, their running max, and the accumulators
+// rescaled when it grows; keys and values are read once, as they lie. exp is a vectorised
+// polynomial (Cephes' expf: range reduction by ln 2, degree-6 polynomial, ~1e-7 relative):
+// scalar expf per score cost more than the whole attention's reads.
+#include <cmath>
+#include <cstring>
+
+#include "common.h"
+
+typedef int32_t ivec __attribute__((vector_size(4 * VL), aligned(4)));
+
+// e^x for x <= 0 (scores minus their max), VL lanes; below -87 it is ~0 (2^-126 scale).
+static inline vec vexp(vec x) {
+  const vec lo = vec{} - 87.0f;
+  x = x < lo ? lo : x;
+  const vec t = x * 1.44269504088896341f - 0.5f;  // log2(e) x, rounded below by truncation
+  const ivec n = __builtin_convertvector(t, ivec);  // toward zero: round(x log2 e) for x <= 0
+  const vec nf = __builtin_convertvector(n, vec);
+  const vec r = x - nf * 0.693359375f + nf * 2.12194440e-4f;  // x - n ln 2, in two parts
+  vec p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const ivec scale = (n + 127) << 23;  // 2^n as a float's bits
+  vec s;
+  std::memcpy(&s, &scale, sizeof(s));
+  return p * s;
+}
+
+static inline float dot(const float* a, const float* b, int64_t H) {
+  vec acc = {};
+  int64_t h = 0;
+  for (; h + VL <= H; h += VL) acc += *(const vec*)(a + h) * *(const vec*)(b + h);
+  float s = 0.0f;
+  for (int i = 0; i < VL; i++) s += acc[i];
+  for (; h < H; h++) s += a[h] * b[h];
+  return s;
+}
+
+static inline void axpy(float* y, float a, const float* x, int64_t H) {  // y += a x
+  int64_t h = 0;
+  for (; h + VL <= H; h += VL) *(vec*)(y + h) += a * *(const vec*)(x + h);
+  for (; h < H; h++) y[h] += a * x[h];
+}
+
+static ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
+                                 ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
+                                 ffi::Buffer<ffi::S32> tables, ffi::Buffer<ffi::S32> lens,
+                                 ffi::ResultBuffer<ffi::F32> out, float scale) {
+  const auto qd = q.dimensions(), kd = k.dimensions(), td = tables.dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || td.size() != 2 || v.dimensions().size() != 4 ||
+      lens.dimensions().size() != 1)
+    return ffi::Error::InvalidArgument(
+        "paged_attention: q [B, K, G, H], k and v pages [P, K, page, H], tables [B, n], "
+        "lens [B]");
+  const int64_t B = qd[0], K = qd[1], G = qd[2], H = qd[3];
+  const int64_t P = kd[0], PS = kd[2], n = td[1];
+  for (int i = 0; i < 4; i++)
+    if (v.dimensions()[i] != kd[i])
+      return ffi::Error::InvalidArgument("paged_attention: k and v pages of one shape");
+  if (kd[1] != K || kd[3] != H || td[0] != B || lens.dimensions()[0] != B || P < 1 || PS < 1)
+    return ffi::Error::InvalidArgument(
+        "paged_attention: q's K and H must be the pages' and tables and lens one row per "
+        "sequence");
+  const int32_t* t = tables.typed_data();
+  const int32_t* len = lens.typed_data();
+  for (int64_t b = 0; b < B; b++) {
+    if (len[b] < 1 || len[b] > n * PS)
+      return ffi::Error::InvalidArgument("paged_attention: lens[b] must be in [1, n x page]");
+    for (int64_t i = 0; i < (len[b] + PS - 1) / PS; i++)
+      if (t[b * n + i] < 0 || t[b * n + i] >= P)
+        return ffi::Error::InvalidArgument(
+            "paged_attention: a page id in tables is outside [0, P)");
+  }
+  const float* qp = q.typed_data();
+  const float* kp = k.typed_data();
+  const float* vp = v.typed_data();
+  float* op = out->typed_data();
+  const int64_t PSV = (PS + VL - 1) / VL * VL;  // a page's scores, padded to whole vectors
+  parallel_for(pool, B * K, [=](int64_t job) {
+    const int64_t b = job / K, kh = job % K;
+    const float* qj = qp + job * G * H;  // q[b, kh]: G rows of H
+    std::vector<float> acc(G * H, 0.0f), s(G * PSV), m(G, -INFINITY), l(G, 0.0f);
+    for (int64_t i = 0; i * PS < len[b]; i++) {
+      const int64_t page = t[b * n + i], cnt = std::min<int64_t>(PS, len[b] - i * PS);
+      const float* kpg = kp + (page * K + kh) * PS * H;  // k[page, kh]: PS rows of H
+      const float* vpg = vp + (page * K + kh) * PS * H;
+      for (int64_t g = 0; g < G; g++) {
+        float* sg = s.data() + g * PSV;
+        float mx = m[g];
+        for (int64_t p = 0; p < cnt; p++) {
+          sg[p] = scale * dot(qj + g * H, kpg + p * H, H);
+          mx = std::max(mx, sg[p]);
+        }
+        for (int64_t p = cnt; p < PSV; p++) sg[p] = -INFINITY;  // exp -> 0
+        const float corr = std::exp(m[g] - mx);  // 0 on the first page (m = -inf)
+        m[g] = mx;
+        float sum = 0.0f;
+        for (int64_t p = 0; p < PSV; p += VL) {
+          vec e = vexp(*(vec*)(sg + p) - mx);
+          *(vec*)(sg + p) = e;
+          for (int j = 0; j < VL; j++) sum += e[j];
+        }
+        l[g] = l[g] * corr + sum;
+        float* ag = acc.data() + g * H;
+        if (corr != 1.0f)
+          for (int64_t h = 0; h < H; h++) ag[h] *= corr;
+        for (int64_t p = 0; p < cnt; p++) axpy(ag, sg[p], vpg + p * H, H);
+      }
+    }
+    float* oj = op + job * G * H;
+    for (int64_t g = 0; g < G; g++)
+      for (int64_t h = 0; h < H; h++) oj[g * H + h] = acc[g * H + h] / l[g];
+  });
+  return ffi::Error::Success();
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PagedAttentionF32, PagedAttention,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // q [B, K, G, H]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // k [P, K, page, H]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // v [P, K, page, H]
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // tables [B, n]
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // lens [B]
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // out [B, K, G, H]
+                                  .Attr<float>("scale"));
