@@ -14,6 +14,11 @@ kernel's layout) that modules multiply with as they do with any weight. Choosing
 config field: `refmodel.init(cfg.replace(matmul="native"))`, or `use_native(model)` for a
 model you already have. The pure-JAX path (`matmul="xla"`) stays the default, the fallback
 where no compiler is found, and the reference every kernel is tested against.
+
+The serving engine's paged KV cache has two more (`pages.py`): `attend.cc`, decode attention
+that reads each sequence's pages where they lie (vLLM's PagedAttention), and `pages.cc`, the
+gather of pages into a contiguous view for the layers that cannot. The engine uses them where
+they build (`Engine(kernels="auto")`); XLA's gather is their fallback and reference.
 """
 
 from __future__ import annotations

@@ -168,10 +168,13 @@ class Layout:
         leaves), for a layer that reads them in place."""
         if self.treedefs[layer].num_leaves == 0:
             return None
-        if in_place:
-            k, v = (arr for lf, arr in zip(self.leaves, arrays, strict=True)
-                    if lf.layer == layer)
-            return PagedKV(k, v, tables)
+        if in_place:  # a KVCache(k, v): two per-token leaves, keys first
+            mine = [arr for lf, arr in zip(self.leaves, arrays, strict=True)
+                    if lf.layer == layer and lf.axis is not None]
+            if len(mine) != 2 or self.treedefs[layer].num_leaves != 2:
+                raise ValueError(f"layer {layer} reads pages but its cache has "
+                                 f"{self.treedefs[layer].num_leaves} leaves, not (k, v)")
+            return PagedKV(*mine, tables)
         B, n = tables.shape
         leaves = []
         for lf, arr, x0 in zip(self.leaves, arrays, init, strict=True):
