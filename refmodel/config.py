@@ -122,7 +122,9 @@ class ModelConfig:
     quant_activations: bool = False
     # The weight products (refmodel/kernels): XLA's on the [K, N] weights as written, XLA's on
     # weights stored output-major [N, K], or the native kernel built for this CPU on weights
-    # stored in its panels (float32 or int8 matrices, every x @ w; einsums stay XLA's).
+    # stored in its panels (float32 or int8 matrices, every x @ w; einsums stay XLA's). With
+    # "native", a GQA/MHA/MQA decode step also attends in the native kernel (kernels/attend.cc
+    # over the cache as one page per sequence) where its softmax is plain float32.
     matmul: str = "xla"
 
     def __post_init__(self):

@@ -33,7 +33,7 @@ import pytest
 from conftest import assert_golden, tiny
 
 import refmodel
-from refmodel import compiler_check
+from refmodel import compiler_check, kernels
 
 
 def whole_cache_copies(cfg, batch: int, context: int) -> int:
@@ -78,3 +78,15 @@ def test_the_trigger_alone():
 
     assert copies((2,)) == 0 and copies(()) == 0
     assert copies((1,)) > 0  # the XLA behaviour this file documents; fails when it is fixed
+
+
+@pytest.mark.skipif(not kernels.available(), reason="native kernels not built")
+@pytest.mark.parametrize("kind", ["gqa", "mha"])
+def test_a_native_model_attends_over_its_cache_in_place(kind):
+    """matmul="native": the decode step's attention is the paged kernel over the cache as one
+    page per sequence, which reads the written cache where it lies: no copy at batch 1 either,
+    MHA included (XLA's path copies MHA's cache there)."""
+    model = kernels.use_native(refmodel.init(tiny(attention=kind), seed=0))
+    for batch in (1, 3):
+        copies, arrays = compiler_check.cache_copies(refmodel.Phases(model), batch, 16)
+        assert arrays and copies == 0

@@ -182,6 +182,18 @@ class GroupedQueryAttention(AttentionLayer):
             return self.output(x, o), None
         with jax.named_scope("kv_write"):  # each row's keys at its own start if start is [B]
             cache = KVCache(k=write_at(cache.k, k, start, 2), v=write_at(cache.v, v, start, 2))
+        if x.shape[1] == 1 and self.cfg.matmul == "native" and self.reads_pages():
+            # A native model's decode attends in the kernel, its cache one page per sequence:
+            # llama-309m, 2-core Zen 4, step vs XLA's attention in the same model, interleaved,
+            # 3 rounds: context 128 batch 1 / 8 0.98-1.10x / 1.04-1.14x faster, context 1024
+            # 1.18-1.24x / 1.16-1.32x (one pass with an online softmax; XLA's scores, mask,
+            # softmax and values each go through memory). One kernel holds all three scopes:
+            # a profile charges it to the scores.
+            with jax.named_scope("attn_scores"):
+                B = x.shape[0]
+                o = PagedKV(cache.k, cache.v, jnp.arange(B, dtype=jnp.int32)[:, None]).attend(
+                    q, self.cfg.softmax_scale, jnp.broadcast_to(start + 1, (B,)))
+            return self.output(x, o), cache
         k_pos = jnp.arange(cache.k.shape[2], dtype=jnp.int32)  # [S]
         o = self.core(q, cache_read(cache.k, q.dtype), cache_read(cache.v, q.dtype),
                       causal_mask(positions, k_pos), written=True)  # mask [T, S] or [B, T, S]
