@@ -190,9 +190,12 @@ class GroupedQueryAttention(AttentionLayer):
             # softmax and values each go through memory). One kernel holds all three scopes:
             # a profile charges it to the scores.
             with jax.named_scope("attn_scores"):
-                B = x.shape[0]
+                B, S = x.shape[0], cache.k.shape[2]
+                # keys up to the query's own position; past the cache's end (a benchmark
+                # carrying its cache on), every key, as XLA's clamped write and mask do
+                lens = jnp.broadcast_to(jnp.minimum(start + 1, S), (B,))
                 o = PagedKV(cache.k, cache.v, jnp.arange(B, dtype=jnp.int32)[:, None]).attend(
-                    q, self.cfg.softmax_scale, jnp.broadcast_to(start + 1, (B,)))
+                    q, self.cfg.softmax_scale, lens)
             return self.output(x, o), cache
         k_pos = jnp.arange(cache.k.shape[2], dtype=jnp.int32)  # [S]
         o = self.core(q, cache_read(cache.k, q.dtype), cache_read(cache.v, q.dtype),
