@@ -216,6 +216,25 @@ def test_the_kernel_runs_where_it_should(matmul, phase, batch, calls):
     text = phases.jitted[phase].lower(*phases.example_args(phase, batch, 8)).as_text()
     assert text.count(build.TARGETS["RowsI8" if int8 else "RowsF32"]) == calls
     assert text.count(build.TARGETS["RowsF32" if int8 else "RowsI8"]) == 0
+    # and a native decode step attends in the paged kernel, one call per layer
+    native_decode = matmul != "output-major" and phase == "decode"
+    assert text.count(build.TARGETS["PagedAttentionF32"]) == (2 if native_decode else 0)
+
+
+def test_native_decode_past_the_cache_end_attends_as_xla_does():
+    """A benchmark carries its cache on past max_len: XLA clamps the write to the last slot
+    and every key is seen; the native attention sees every key too, so the steps agree."""
+    cfg = tiny(attention="gqa", n_layers=2)
+    out = {}
+    for matmul in ("output-major", "native"):
+        phases = refmodel.Phases(kernels.use_native(refmodel.init(cfg, seed=0), matmul))
+        state, token, cache = phases.example_args("decode", 2, 8, fill=True)
+        logits = []
+        for _ in range(cache.layers[0].k.shape[2] - 8 + 3):  # to the end, then 3 past it
+            step, cache = phases.jitted["decode"](state, token, cache)
+            logits.append(np.asarray(step))
+        out[matmul] = np.stack(logits)
+    np.testing.assert_allclose(out["native"], out["output-major"], rtol=3e-5, atol=3e-5)
 
 
 def test_config_refuses_native_where_it_cannot_run():
