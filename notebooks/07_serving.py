@@ -195,6 +195,35 @@ cache.release(match)
 print("after both finish:", pool.check(), "- the cached pages stay for the next request")
 
 # %% [markdown]
+# **Reading the pages.** Attention wants a sequence's keys in token order; the pages lie
+# anywhere in the pool. The simple way is to gather them into a contiguous view before each
+# layer (`kernels="xla"`: XLA's gather), which writes every cached byte once more and reads it
+# once more than a contiguous cache does. The way vLLM does it is a kernel that reads the
+# pages where they lie (PagedAttention): with the native kernels built here
+# (`refmodel/kernels/attend.cc`, `kernels="auto"`), a decode step hands each GQA layer its
+# pages and their block tables, and attends page by page with an online softmax. The cost of
+# each, against the plain batched decode of `Phases` over a contiguous cache at the same batch
+# and context (`microbench.serve.decode_ratio`: whole engine steps against a `Phases` call
+# after each, in rounds):
+
+# %%
+from microbench import serve  # noqa: E402
+from refmodel import kernels  # noqa: E402
+
+setup = serve.Setup(model=PRESET, decode_batch=4, decode_context=127)
+paths = ["native", "xla"] if kernels.available() else ["xla"]
+read = {k: serve.decode_ratio(model, setup, repeats=20, rounds=2, kernels=k) for k in paths}
+for k, r in read.items():
+    print(f"{k:6s}: engine decode step / Phases decode, batch 4 at context 127: "
+          f"{r['ratio']:.2f} (rounds {', '.join(f'{x:.2f}' for x in r['ratio_by_round'])})")
+
+# %% [markdown]
+# On `tiny` a step takes a fraction of a millisecond, so the host's share of it (the
+# scheduler's decisions, the call's arguments) weighs on both ratios and the two paths differ
+# less (a 2-core Zen 4: 0.75 in place, 0.67 gathered); at the serve benchmark's size
+# (`small`, batch 8, 512 tokens) the same machine measured 0.87 and 0.72 (README, serving
+# section).
+#
 # Now the engine at a moderate load, recording (time, used pages, cached pages) after every
 # step. "Used" pages are held by running sequences (shared ones counted once); "cached" ones
 # are held by nobody but kept by the radix cache until eviction needs them.
