@@ -221,8 +221,8 @@ for k, r in read.items():
 # On `tiny` a step takes a fraction of a millisecond, so the host's share of it (the
 # scheduler's decisions, the call's arguments) weighs on both ratios and the two paths differ
 # less (a 2-core Zen 4: 0.75 in place, 0.67 gathered); at the serve benchmark's size
-# (`small`, batch 8, 512 tokens) the same machine measured 0.87 and 0.72 (README, serving
-# section).
+# (`small`, batch 8, 512 tokens) the same machine measured 0.87-0.97 in place and 0.70-0.72
+# gathered, in two runs (README, serving section).
 #
 # Now the engine at a moderate load, recording (time, used pages, cached pages) after every
 # step. "Used" pages are held by running sequences (shared ones counted once); "cached" ones
