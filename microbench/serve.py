@@ -58,12 +58,15 @@ class Setup:
     slo_scale: float = 5.0
     decode_batch: int = 8
     decode_context: int = 511
+    decode_steps: int = 40  # decode steps timed per round of the comparison
+    decode_rounds: int = 3
     peer: bool = True  # transformers' static-batch generate on the policy traces, if installed
     seed: int = 0
 
     def check(self) -> None:
         for name in ("requests", "system_len", "prompt_len", "output_len", "page_size",
-                     "token_budget", "max_running", "decode_batch", "decode_context"):
+                     "token_budget", "max_running", "decode_batch", "decode_context",
+                     "decode_steps", "decode_rounds"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
@@ -332,10 +335,11 @@ def measure(setup: Setup, progress=None) -> dict:
                            {"experiment": "pool", "policy": "mixed", "rate": rate,
                             "rate_fraction": fractions[mid], "pool_fraction": frac}))
     say("decode step: engine vs Phases")
-    ratio = decode_ratio(model, setup)
+    steps, rounds = setup.decode_steps, setup.decode_rounds
+    ratio = decode_ratio(model, setup, steps, rounds)
     if ratio["kernels"] == "native":  # the same comparison on XLA's path, for the record
         say("decode step: engine (XLA's page gather) vs Phases")
-        xla = decode_ratio(model, setup, kernels="xla")
+        xla = decode_ratio(model, setup, steps, rounds, kernels="xla")
         ratio["xla"] = {k: xla[k] for k in ("ratio", "call_ratio", "ratio_by_round",
                                                     "call_ratio_by_round", "engine_step_s",
                                                     "phases_step_s")}

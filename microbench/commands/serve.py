@@ -9,7 +9,7 @@ from pathlib import Path
 QUICK = dict(model="tiny", requests=6, system_len=64, prompt_len=16, output_len=8,
              page_size=8, token_budget=32, max_running=4, policies=("mixed", "static"),
              rate_fractions=(0.5, 2.0), pool_fractions=(0.5,), decode_batch=4,
-             decode_context=127)
+             decode_context=127, decode_steps=20, decode_rounds=2)
 
 
 # option -> (Setup field, parser): every size option defaults to None, meaning "the Setup's
@@ -50,6 +50,8 @@ OPTIONS = {
     "--slo-scale": ("slo_scale", float, "SLOs = this x the unloaded TTFT and TPOT"),
     "--decode-batch": ("decode_batch", int, "rows of the decode-step comparison"),
     "--decode-context": ("decode_context", int, "context of the decode-step comparison"),
+    "--decode-steps": ("decode_steps", int, "decode steps timed per round of it"),
+    "--decode-rounds": ("decode_rounds", int, "rounds of it (the ratio is their median)"),
     "--seed": ("seed", int, "trace and weights seed"),
 }
 
