@@ -88,6 +88,16 @@ def test_gather_pages_without_native_is_xla():
                                   numpy_gather(np.asarray(arr), tables, 2))
 
 
+def test_engine_uses_the_cpu_kernels_only_on_a_cpu_backend(monkeypatch):
+    """The kernels are XLA:CPU custom calls: on an accelerator "auto" is XLA's path and
+    "native" is refused, naming the backend."""
+    model = refmodel.init(tiny(), seed=0)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert Engine(model, num_pages=8).kernels == "xla"
+    with pytest.raises(RuntimeError, match="backend is gpu"):
+        Engine(model, num_pages=8, kernels="native")
+
+
 def test_engine_gather_option():
     model = refmodel.init(tiny(), seed=0)
     with pytest.raises(ValueError, match="kernels='fast'"):

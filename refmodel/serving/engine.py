@@ -227,7 +227,7 @@ def token_index(lf: Leaf, page, off) -> tuple:
 TRACES = [0]  # how many times a step was traced (= compiled), over the process
 # How a step reads the pages: "native" (kernels/pages.py on CPU: decode attention in place
 # where a layer reads pages, else the native gather of a view), "xla" (XLA's gather of a
-# view, every layer), or "auto" (native where the kernels build, else xla).
+# view, every layer), or "auto" (native on a CPU backend where the kernels build, else xla).
 KERNELS = ("auto", "native", "xla")
 
 
@@ -299,12 +299,13 @@ class Engine:
             raise ValueError(f"page_size={page_size!r} must be a positive integer")
         if kernels not in KERNELS:
             raise ValueError(f"kernels={kernels!r}: choose one of {KERNELS}")
-        if kernels == "native" and not native_kernels.available():
-            raise RuntimeError(f"kernels='native' needs the native kernels, which are not "
-                               f"available here: {native_kernels.why_not()}; use 'auto' or "
-                               "'xla'")
+        cpu = jax.default_backend() == "cpu"  # the kernels are XLA:CPU custom calls
+        if kernels == "native" and not (cpu and native_kernels.available()):
+            why = native_kernels.why_not() if cpu else f"the backend is {jax.default_backend()}"
+            raise RuntimeError(f"kernels='native' needs the native CPU kernels, which cannot "
+                               f"run here: {why}; use 'auto' or 'xla'")
         self.kernels = "native" if kernels == "native" or (
-            kernels == "auto" and native_kernels.available()) else "xla"
+            kernels == "auto" and cpu and native_kernels.available()) else "xla"
         self.layout = Layout.of(cfg, page_size, native=self.kernels == "native")
         state_layers = self.layout.has_state
         if prefix_cache and state_layers:
