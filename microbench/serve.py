@@ -231,10 +231,8 @@ def decode_ratio(model, setup: Setup, repeats: int = 40, rounds: int = 3,
                    token_budget=max_len, max_running=B, prefix_cache=False,
                    max_len=max_len, shapes="fixed", kernels=kernels)
         e.warmup()
-        used[0] = e.kernels
         return e
 
-    used = [kernels]
     reqs = [refmodel.serving.Request(i, tuple(rng.integers(0, model.cfg.vocab_size,
                                                           S - repeats)), repeats + 1)
             for i in range(B)]
@@ -266,7 +264,7 @@ def decode_ratio(model, setup: Setup, repeats: int = 40, rounds: int = 3,
     step_s, phases_s = float(np.median(out["engine_step_s"])), \
         float(np.median(out["phases_step_s"]))
     return {"batch": B, "context": S, "view_tokens": max_len, "steps_per_round": repeats,
-            "kernels": used[0],
+            "kernels": alone.kernels,
             "rounds": rounds, **{f"{k}_by_round": v for k, v in out.items()},
             "engine_step_s": step_s, "phases_step_s": phases_s,
             "engine_tokens_per_s": B / step_s, "phases_tokens_per_s": B / phases_s,
