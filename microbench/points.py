@@ -143,7 +143,7 @@ def measure_point(phases: refmodel.Phases, phase: str, batch: int, context: int,
         "ffn": cfg.ffn,
         "mla_absorb": cfg.mla_absorb if "mla_absorb" in _option_fields(cfg) else None,
         "phase": phase, "batch": batch, "context": context, "tokens": tokens,
-        "dtype": cfg.dtype, **{k: counted[k] for k in (
+        "dtype": cfg.dtype, "matmul": cfg.matmul, **{k: counted[k] for k in (
             "flops", "bytes", "weight_bytes", "kv_bytes", "act_bytes", "intensity")},
         "ops": counted["ops"], "timing": t.to_dict(),
         "flops_per_s": harness.rates(counted["flops"], t),

@@ -25,7 +25,7 @@ import refmodel
 from microbench import roofline
 from microbench.points import Budget, measure_point
 from microbench.summary import TARGETS, moment_factor
-from refmodel import costs
+from refmodel import costs, kernels
 
 MODEL = "medium"
 DECODE_CONTEXT = 128
@@ -46,9 +46,12 @@ REPORT_TIMING = Budget(budget_s=3.0)
 
 
 def measure_report(peaks: dict, timing: Budget = REPORT_TIMING, peer: bool = True,
-                   probe=None) -> dict:
-    """Decode and prefill of the medium model against this machine's roofs (and a peer)."""
+                   probe=None, matmul: str = "auto") -> dict:
+    """Decode and prefill of the medium model against this machine's roofs (and a peer), its
+    weight products `matmul` (refmodel.kernels.choose: "auto" is the native kernels on a CPU
+    where they build)."""
     cfg = refmodel.presets.get(MODEL)
+    cfg = cfg.replace(matmul=kernels.choose(matmul, cfg.dtype, cfg.weight_format))
     phases = refmodel.Phases(refmodel.init(cfg, seed=0))
     decode = measure_point(phases, "decode", 1, DECODE_CONTEXT, peaks, timing, label=MODEL,
                            probe=probe)
@@ -59,7 +62,7 @@ def measure_report(peaks: dict, timing: Budget = REPORT_TIMING, peer: bool = Tru
                                                                          cfg.dtype)
     m, decode_bw = moment_factor(decode, "memory", dram["value"]), decode["bytes_per_s"]["median"]
     out = {
-        "model": MODEL, "params": costs.param_counts(cfg)["total"],
+        "model": MODEL, "params": costs.param_counts(cfg)["total"], "matmul": cfg.matmul,
         "decode": decode, "prefill": prefills[0], "prefills": prefills,
         "dram_roof_bytes_per_s": dram["value"], "dram_roof": dram["name"],
         "dram_roof_program": dram.get("program", dram["source"]),

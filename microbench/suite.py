@@ -45,21 +45,25 @@ def measure_phases(plan: sweeps.PhasePlan, peaks: dict, quick: bool, out_dir,
     if report:
         from microbench.report import measure_report
 
-        result["report"] = measure_report(inputs, peer=peer, probe=probe)
+        result["report"] = measure_report(inputs, peer=peer, probe=probe,
+                                          matmul=plan.matmul)
     result["wall_s"] = time.perf_counter() - t0
     harness.write_json_atomic(Path(out_dir) / "phases.json", validate_result(result))
     return result
 
 
-def run(quick: bool, out_dir, peer: bool = True, progress: bool = True) -> dict:
+def run(quick: bool, out_dir, peer: bool = True, progress: bool = True,
+        matmul: str = "auto") -> dict:
     """The whole main job; returns {"peaks", "phases", "files"}. Every file of the run is
     written as one set (files.output_set): out_dir is checked before anything is measured,
-    and an interrupted run leaves out_dir as it was."""
+    and an interrupted run leaves out_dir as it was. `matmul` is the weight products of every
+    timed point (refmodel.kernels.choose)."""
     from microbench.peaks import measure_peaks
 
     with output_set(out_dir) as tmp:
         peaks = measure_peaks(quick, tmp, progress=progress)
-        plan = sweeps.quick_plan() if quick else sweeps.PhasePlan()
+        plan = dataclasses.replace(sweeps.quick_plan() if quick else sweeps.PhasePlan(),
+                                   matmul=matmul)
         phases = measure_phases(plan, peaks, quick, tmp, report=not quick, peer=peer,
                                 progress=progress)
         files = [Path(out_dir) / p.relative_to(tmp) for p in draw(tmp)]

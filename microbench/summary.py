@@ -10,6 +10,7 @@ from pathlib import Path
 from microbench import plots
 from microbench.files import output_set, read_json, write_text_atomic
 from microbench.plots import fmt_si
+from microbench.plots.claims import PRODUCTS, products
 from microbench.roofline import BAND
 from microbench.schema import point_sweeps
 
@@ -72,7 +73,8 @@ def summary_markdown(peaks: dict, phases: dict) -> str:
              f"Measured {peaks['environment'].get('date_utc', '?')[:10]}, jax "
              f"{peaks['environment'].get('jax_version', '?')}, "
              f"model '{phases['model']['preset']}' ({phases['model']['params'] / 1e6:.1f}M "
-             f"params, {phases['model']['dtype']}).", ""]
+             f"params, {phases['model']['dtype']}); weight products: "
+             f"{products(phases['points'])}.", ""]
     lines += roof_rows(peaks)
     band = band_summary(phases["points"])
     lines += ["", f"**{band['inside']} of {band['n']} phase points within "
@@ -126,7 +128,8 @@ def format_report(rep: dict) -> str:
     """The lines the `phases --report` command prints."""
     d = rep["decode"]
     lines = [
-        f"model '{rep['model']}' ({rep['params'] / 1e6:.0f}M params, float32)",
+        f"model '{rep['model']}' ({rep['params'] / 1e6:.0f}M params, float32; weight "
+        f"products: {PRODUCTS.get(rep.get('matmul', 'xla'))})",
         f"decode  batch 1 @ context {d['context']}: {d['timing']['median'] * 1e3:.1f} ms/step, "
         f"{d['bytes_per_s']['median'] / 1e9:.1f} GB/s = {rep['decode_over_dram']:.2f} of the "
         f"'{rep['dram_roof']}' roof at its moment ({rep['dram_roof_bytes_per_s'] / 1e9:.1f} GB/s "

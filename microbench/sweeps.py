@@ -23,7 +23,7 @@ from collections.abc import Iterable
 import refmodel
 from microbench import hardware, roofline
 from microbench.points import Budget, measure_point, memory_bytes
-from refmodel import attention, costs, counting
+from refmodel import attention, costs, counting, kernels
 
 DENSE = refmodel.ModelConfig.attention  # the config's default kind: the batch sweep's dense
 MOE = f"{DENSE} moe"
@@ -51,6 +51,10 @@ class PhasePlan:
         default_factory=lambda: attention.measured_in("context"))
     context_batch: int = 8
     timing: Budget = Budget()
+    # The weight products every point runs (refmodel.kernels.choose): "auto" is the project's
+    # native kernels on a CPU where they build (the step a reader of this repo would run; XLA's
+    # few-row products streamed 0.1-0.3 of the read roof in the sweeps of issue 10), else XLA's.
+    matmul: str = "auto"
 
 
 def quick_plan() -> PhasePlan:
@@ -65,7 +69,9 @@ def config(plan: PhasePlan, variant: str) -> refmodel.ModelConfig:
     known = variants()
     if variant not in known:
         raise ValueError(f"variant={variant!r} is not one of {sorted(known)}")
-    return dataclasses.replace(refmodel.presets.get(plan.model), **known[variant])
+    cfg = dataclasses.replace(refmodel.presets.get(plan.model), **known[variant])
+    return dataclasses.replace(cfg, matmul=kernels.choose(plan.matmul, cfg.dtype,
+                                                          cfg.weight_format))
 
 
 @dataclasses.dataclass(frozen=True)

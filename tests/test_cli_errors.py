@@ -211,3 +211,16 @@ def test_breakdown_native_without_the_kernels_says_why(tmp_path, no_measuring, c
     err = one_line_error(["breakdown", "--model", "tiny", "--matmul", "native",
                           "--out", str(tmp_path)], capsys)
     assert "--matmul native" in err and "no C++ compiler on PATH" in err
+
+
+@pytest.mark.parametrize("command", ["run", "phases"])
+def test_the_main_job_refuses_a_matmul_it_cannot_run(command, tmp_path, no_measuring, capsys,
+                                                     monkeypatch):
+    from refmodel import kernels
+
+    err = one_line_error([command, "--matmul", "gpu", "--out", str(tmp_path)], capsys)
+    assert "--matmul 'gpu'" in err and "'auto'" in err and "'native'" in err
+    monkeypatch.setattr(kernels, "load", lambda: False)  # what kernels.available() asks
+    monkeypatch.setattr(kernels, "why_not", lambda: "no C++ compiler on PATH")
+    err = one_line_error([command, "--matmul", "native", "--out", str(tmp_path)], capsys)
+    assert "--matmul 'native'" in err and "no C++ compiler on PATH" in err

@@ -97,6 +97,42 @@ def test_stored_weights_are_a_drop_in(rows, form):
         stored[0][0]
 
 
+@pytest.mark.parametrize("int8", [False, True])
+def test_one_matrix_of_a_stack_is_read_in_place(int8):
+    """stack[e] of Panels [E, K, N] is a view (the whole stack and e): x @ it runs the stacked
+    kernel on matrix e where it lies, for a static, a negative or a traced e (a MoE layer's
+    loop), equal to x @ w[e]; the compiled product holds no slice or copy of the weight; an
+    index past the stack is refused; dequantize() gives w[e]."""
+    rng = np.random.default_rng(7)
+    if int8:
+        stored, w = quantized_panels(70, 37, rng, lead=(3,))
+    else:
+        w = rng.standard_normal((3, 70, 37)).astype(np.float32)
+        stored = kernels.Panels.of(jnp.asarray(w), lead=1)
+    x = jnp.asarray(rng.standard_normal((5, 70)), jnp.float32)
+    for e in (0, 2, -1):
+        view = stored[e]
+        assert view.w is stored.w and int(view.at) == e % 3 and view.shape == (70, 37)
+        np.testing.assert_allclose(np.asarray(view.dequantize()), w[e], rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(x @ view), np.asarray(x, np.float64) @ w[e],
+                                   rtol=1e-5, atol=1e-4)
+
+    def product(stored, x, e):
+        return x @ stored[e]
+
+    f = jax.jit(product)
+    for e in range(3):
+        np.testing.assert_allclose(np.asarray(f(stored, x, jnp.int32(e))),
+                                   np.asarray(x, np.float64) @ w[e], rtol=1e-5, atol=1e-4)
+    text = f.lower(stored, x, jnp.int32(1)).compile().as_text()
+    assert text.count(build.TARGETS["RowsAtI8" if int8 else "RowsAtF32"]) == 1
+    assert not [line for line in text.splitlines()
+                if (" slice(" in line or "dynamic-slice(" in line or " copy(" in line)
+                and "70,32]" in line]  # the weight's panels [.., 70, 32] are never copied
+    with pytest.raises(IndexError, match="index 3 is out of bounds for a stack of 3"):
+        stored[3]
+
+
 def quantized_panels(k: int, n: int, rng, lead: tuple = ()):
     """An int8 matrix as quant stores it and as int8 Panels, and its dequantized float."""
     w = jnp.asarray(rng.standard_normal((*lead, k, n)), jnp.float32)
@@ -263,18 +299,29 @@ def test_without_a_compiler_the_model_stays_xla_and_native_says_why(tmp_path):
             "try:\n    refmodel.init(presets.get('tiny').replace(matmul='native'))\n"
             "except RuntimeError as e:\n    print('refused:', e)\n"
             "from refmodel import cli\ntext, status = cli.kernels_report()\n"
-            "print(status, text.splitlines()[0])\n")
+            "print(status, text.splitlines()[0])\nprint(kernels.choose('auto'))\n")
     env = {**os.environ, "PATH": str(tmp_path), "CXX": "",
            "REFMODEL_KERNEL_CACHE": str(tmp_path / "cache")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    first, refused, command = out.stdout.strip().splitlines()
+    first, refused, command, auto = out.stdout.strip().splitlines()
     assert first == "False no C++ compiler on PATH (set CXX, or install g++ or clang++)"
     assert refused.startswith("refused: matmul='native' needs the native kernels")
     assert command == "1 native kernels: not available here: no C++ compiler on PATH (set " \
                       "CXX, or install g++ or clang++)"
+    assert auto == "xla"  # what a benchmark's or the engine's "auto" runs there
     assert not (tmp_path / "cache").exists()
+
+
+def test_auto_is_the_native_kernels_on_a_cpu_for_float32_weights_only():
+    """kernels.choose: what `microbench run`, `phases` and the engine time by default."""
+    assert kernels.choose("auto") == ("native" if jax.default_backend() == "cpu" else "xla")
+    assert kernels.choose("auto", dtype="bfloat16") == "xla"
+    assert kernels.choose("auto", weight_format="int8") == "xla"
+    assert [kernels.choose(m) for m in ("xla", "output-major")] == ["xla", "output-major"]
+    with pytest.raises(ValueError, match=r"matmul='gpu': choose one of \('auto', 'xla'"):
+        kernels.choose("gpu")
 
 
 def test_refmodel_kernels_command_builds_and_checks(capsys):

@@ -108,14 +108,8 @@ def test_engine_gather_option():
     assert auto.layout == Layout.of(model.cfg, 16, native=auto.kernels == "native")
 
 
-@needs_kernels
-@settings(max_examples=12, deadline=None)
-@given(B=st.integers(1, 3), K=st.integers(1, 3), G=st.integers(1, 4), H=st.integers(1, 40),
-       ps=st.integers(1, 20), n=st.integers(1, 5), seed=st.integers(0, 2**16))
-def test_paged_attention_equals_softmax_attention(B, K, G, H, ps, n, seed):
-    """Any head size (vector tails), page size (a page's scores padded to whole vectors),
-    length (a last page cut short, one token), repeated pages; scores spread wide enough
-    that the running max moves from page to page. Float32 against float64."""
+def attention_case(B, K, G, H, ps, n, seed):
+    """Softmax attention over pages: the kernel's output and the float64 oracle's."""
     rng = np.random.default_rng(seed)
     P = 7
     q = rng.standard_normal((B, K, G, H)).astype(np.float32)
@@ -132,6 +126,29 @@ def test_paged_attention_equals_softmax_attention(B, K, G, H, ps, n, seed):
         p = np.exp(s - s.max(-1, keepdims=True))
         want = np.einsum("kgl,klh->kgh", p / p.sum(-1, keepdims=True), vv)
         np.testing.assert_allclose(got[b], want, rtol=2e-5, atol=2e-5)
+
+
+@needs_kernels
+@settings(max_examples=12, deadline=None)
+@given(B=st.integers(1, 3), K=st.integers(1, 3), G=st.integers(1, 4), H=st.integers(1, 40),
+       ps=st.integers(1, 20), n=st.integers(1, 5), seed=st.integers(0, 2**16))
+def test_paged_attention_equals_softmax_attention(B, K, G, H, ps, n, seed):
+    """Any head size (vector tails: the general path), page size (a page's scores padded to
+    whole vectors), length (a last page cut short, one token), repeated pages; scores spread
+    wide enough that the running max moves from page to page. Float32 against float64."""
+    attention_case(B, K, G, H, ps, n, seed)
+
+
+@needs_kernels
+@settings(max_examples=12, deadline=None)
+@given(B=st.integers(1, 3), K=st.integers(1, 2), G=st.sampled_from([1, 2, 3, 5, 12]),
+       H=st.sampled_from([8, 16, 32, 64, 128]), ps=st.integers(1, 300), n=st.integers(1, 4),
+       seed=st.integers(0, 2**16))
+def test_paged_attention_fast_path_equals_softmax_attention(B, K, G, H, ps, n, seed):
+    """Head sizes of whole vectors (the chunked path with register accumulators): heads
+    in groups and a remainder group, up to 1200 keys (chunks of 256 split over the cores and
+    combined, a chunk's last block cut short), pages that end inside a block."""
+    attention_case(B, K, G, H, ps, n, seed)
 
 
 @needs_kernels

@@ -5,6 +5,7 @@ test_mb_roofline and test_mb_prediction). No timing assertions."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import numpy as np
@@ -15,7 +16,7 @@ from microbench import plots, suite, summary, sweeps
 from microbench import points as mp
 from microbench.plots import claims
 from microbench.schema import point_sweeps, validate_result
-from refmodel import costs
+from refmodel import costs, kernels
 
 ROOFS = {"compute": [{"name": "GEMM float32", "kind": "compute", "dtype": "float32",
                       "value": 2e11, "p10": 1.9e11, "p90": 2.1e11, "source": "test",
@@ -51,6 +52,16 @@ def test_points_carry_the_counted_costs_of_the_same_phase(result):
         t = p["timing"]["median"]
         assert p["flops_per_s"]["median"] == pytest.approx(counted["flops"] / t)
         assert p["measured_over_predicted"] == pytest.approx(p["predicted"]["time_s"] / t)
+
+
+def test_points_time_the_products_the_plan_chose(result):
+    """The plan's matmul "auto" (refmodel.kernels.choose) is what every point says it timed;
+    a plan told "xla" builds XLA's model."""
+    res, _ = result
+    assert res["plan"]["matmul"] == "auto"
+    assert {p["matmul"] for p in res["points"]} == {kernels.choose("auto")}
+    xla = dataclasses.replace(TINY_PLAN, matmul="xla")
+    assert {sweeps.config(xla, v).matmul for v in xla.variants} == {"xla"}
 
 
 def test_decode_ffn_intensity_grows_with_batch_in_the_saved_points(result):

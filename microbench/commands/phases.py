@@ -49,6 +49,9 @@ def add_args(p) -> None:
                         "vs GEMM roof, and the PyTorch peer")
     p.add_argument("--no-peer", action="store_true", help="skip the PyTorch peer in --report")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    from microbench.commands.run import add_matmul
+
+    add_matmul(p)
 
 
 def _peaks(args, parser_error, out_dir) -> dict:
@@ -100,6 +103,10 @@ def plan_from_args(args, parser_error):
             if min(value if isinstance(value, tuple) else (value,)) <= 0:
                 parser_error(f"--{field.replace('_', '-')} {value}: must be positive")
             changes[field] = value
+    from microbench.commands.run import check_matmul
+
+    check_matmul(args.matmul)
+    changes["matmul"] = args.matmul
     plan = dataclasses.replace(plan, **changes)
     need, job = sweeps.plan_memory(plan)
     have = available_memory()
@@ -136,7 +143,7 @@ def run(args) -> int:
     with output_set(args.out) as out:  # the quick peaks it may measure and its results: one set
         peaks = _peaks(args, parser_error, out)
         if args.report:
-            rep = measure_report(peaks, peer=not args.no_peer)
+            rep = measure_report(peaks, peer=not args.no_peer, matmul=plan.matmul)
             rep["environment"] = harness.environment()
             harness.write_json_atomic(out / "report.json", rep)
         else:

@@ -18,6 +18,16 @@ from collections.abc import Sequence
 from microbench.roofline import BAND
 from microbench.schema import PHASE_NAMES
 
+PRODUCTS = {"xla": "XLA's", "output-major": "XLA's over output-major weights",
+            "native": "the native CPU kernels (refmodel/kernels)"}
+
+
+def products(points: Sequence[dict]) -> str:
+    """Whose weight products the points timed (ModelConfig.matmul; results saved before the
+    field existed timed XLA's)."""
+    kinds = sorted({p.get("matmul", "xla") for p in points})
+    return ", ".join(PRODUCTS.get(k, k) for k in kinds) or "-"
+
 
 def short_reason(reason: str) -> str:
     """The most specific clause of a point's measured reason (the slowest op, else what the

@@ -28,13 +28,35 @@ from flax import nnx
 from refmodel.kernels.build import load, why_not
 from refmodel.kernels.rows import PANEL, OutputMajor, Panels, panels, rows
 
-__all__ = ["PANEL", "OutputMajor", "Panels", "available", "convert", "load", "panels", "rows",
-           "use_native", "why_not"]
+__all__ = ["CHOICES", "PANEL", "OutputMajor", "Panels", "available", "choose", "convert", "load",
+           "panels", "rows", "use_native", "why_not"]
+
+CHOICES = ("auto", "xla", "output-major", "native")  # what a benchmark or engine may be told
 
 
 def available() -> bool:
     """The native kernels build and load here (compiled on the first call)."""
     return load()
+
+
+def choose(matmul: str, dtype: str = "float32", weight_format: str = "none") -> str:
+    """The weight products a run uses (a `ModelConfig.matmul`): "auto" is "native" on a CPU
+    backend where the kernels build, for float32 weights, else "xla"; any other choice is
+    returned as it is, "native" only where the kernels can run here (else a RuntimeError
+    naming why)."""
+    import jax
+
+    if matmul not in CHOICES:
+        raise ValueError(f"matmul={matmul!r}: choose one of {CHOICES}")
+    cpu = jax.default_backend() == "cpu"  # the kernels are XLA:CPU custom calls
+    if matmul == "native" and not (cpu and load()):
+        why = why_not() if cpu else f"the backend is {jax.default_backend()}"
+        raise RuntimeError(f"matmul='native' needs the native CPU kernels, which cannot run "
+                           f"here: {why}; use 'auto' or 'xla'")
+    if matmul != "auto":
+        return matmul
+    plain = dtype == "float32" and weight_format == "none"
+    return "native" if plain and cpu and load() else "xla"
 
 
 def convert(model: nnx.Module, native: bool = True) -> nnx.Module:

@@ -35,6 +35,7 @@ FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-fPIC", "-
          "-fno-math-errno")
 # symbol in the library -> the FFI target name it is registered under
 TARGETS = {"RowsF32": "refmodel_rows_f32", "RowsI8": "refmodel_rows_int8",
+           "RowsAtF32": "refmodel_rows_at_f32", "RowsAtI8": "refmodel_rows_at_int8",
            "GatherPagesAny": "refmodel_gather_pages",
            "PagedAttentionF32": "refmodel_paged_attention_f32"}
 

@@ -45,29 +45,36 @@ def panels(w: jax.Array) -> jax.Array:
     return jnp.swapaxes(w.reshape(*lead, K, n, PANEL), -3, -2)
 
 
-def rows(x: jax.Array, wp: jax.Array, n: int, scale: jax.Array | None = None) -> jax.Array:
+def rows(x: jax.Array, wp: jax.Array, n: int, scale: jax.Array | None = None,
+         at: jax.Array | int | None = None) -> jax.Array:
     """x [M, K] float32 times the weight whose panels are wp ([ceil(N / PANEL), K, PANEL],
     `panels`) -> y [M, n], in the native kernel, whatever M. wp float32, or int8 with `scale`
-    float32 [n], one per output (y = scale * the sum over the int8 values: quant's "int8")."""
+    float32 [n], one per output (y = scale * the sum over the int8 values: quant's "int8").
+    With `at` (an int32 index, clamped to the stack), wp is a stack [E, ceil(N / PANEL), K,
+    PANEL] (scale [E, n]) and the product is with matrix `at`, read where it lies: no copy of
+    it is made first, as indexing the stack in XLA would."""
     M, K = x.shape
     int8 = wp.dtype == jnp.int8
-    if (x.dtype != jnp.float32 or wp.dtype not in (jnp.float32, jnp.int8) or wp.ndim != 3
-            or wp.shape[1:] != (K, PANEL) or wp.shape[0] != -(-n // PANEL)):
-        raise ValueError(f"rows: x float32 [M, K] and w float32 or int8 in panels [ceil(n / "
-                         f"{PANEL}), K, {PANEL}] with one K; got x {x.dtype}{list(x.shape)}, "
-                         f"w {wp.dtype}{list(wp.shape)} and n={n}")
+    stack = () if at is None else wp.shape[:1]
+    if (x.dtype != jnp.float32 or wp.dtype not in (jnp.float32, jnp.int8)
+            or wp.ndim != 3 + len(stack) or wp.shape[len(stack) + 1:] != (K, PANEL)
+            or wp.shape[len(stack)] != -(-n // PANEL)):
+        raise ValueError(f"rows: x float32 [M, K] and w float32 or int8 in panels "
+                         f"[{'E, ' if stack else ''}ceil(n / {PANEL}), K, {PANEL}] with one K; "
+                         f"got x {x.dtype}{list(x.shape)}, w {wp.dtype}{list(wp.shape)} and "
+                         f"n={n}")
     if int8 != (scale is not None) or (int8 and (scale.dtype != jnp.float32
-                                                 or scale.shape != (n,))):
+                                                 or scale.shape != (*stack, n))):
         got = None if scale is None else f"{scale.dtype}{list(scale.shape)}"
-        raise ValueError(f"rows: an int8 w takes scale float32 [n={n}], a float32 w none; got "
-                         f"w {wp.dtype} and scale {got}")
+        raise ValueError(f"rows: an int8 w takes scale float32 [{'E, ' if stack else ''}"
+                         f"n={n}], a float32 w none; got w {wp.dtype} and scale {got}")
     if not build.load():
         raise RuntimeError(f"the native kernels are not available: {build.why_not()}")
     out = jax.ShapeDtypeStruct((M, n), jnp.float32)
-    if int8:
-        return jax.ffi.ffi_call(build.TARGETS["RowsI8"], out, vmap_method="sequential")(
-            x, wp, scale)
-    return jax.ffi.ffi_call(build.TARGETS["RowsF32"], out, vmap_method="sequential")(x, wp)
+    name = ("RowsAt" if stack else "Rows") + ("I8" if int8 else "F32")
+    args = (x, wp) + ((scale,) if int8 else ()) + (
+        (jnp.asarray(at, jnp.int32).reshape(()),) if stack else ())
+    return jax.ffi.ffi_call(build.TARGETS[name], out, vmap_method="sequential")(*args)
 
 
 def _check(w: jax.Array, lead: int, contract: int) -> None:
@@ -111,6 +118,9 @@ class Panels(_Stored):
     shape: tuple = struct.field(pytree_node=False)
     lead: int = struct.field(pytree_node=False, default=0)
     scale: jax.Array | None = None
+    # A view of one matrix of a stack (w[e] of a [E, K, N] weight: `__getitem__`): w and scale
+    # stay the whole stack, `at` is e, and the kernel reads matrix e where it lies.
+    at: jax.Array | None = None
 
     @classmethod
     def of(cls, w: jax.Array, lead: int = 0, contract: int = 1) -> Panels:
@@ -129,27 +139,46 @@ class Panels(_Stored):
 
     @property
     def nbytes(self) -> int:
-        return self.w.nbytes + (0 if self.scale is None else self.scale.nbytes)
+        whole = self.w.nbytes + (0 if self.scale is None else self.scale.nbytes)
+        return whole if self.at is None else whole // self.w.shape[0]
 
     def __getitem__(self, index) -> Panels:
-        """w[...] is w; w[e] (lead axes only) is one stacked matrix, still in panels."""
+        """w[...] is w; w[e] (lead axes only) is one stacked matrix, still in panels: of a
+        stack of matrices ([E, K, N]) a view that the kernel reads in place (`at`), of a
+        deeper stack a slice."""
         if index is Ellipsis:
             return self
         if self.lead == 0:
             raise IndexError("a matrix in panels indexes only its leading (stacked) axes")
+        if self.lead == 1 and (isinstance(index, int) or (
+                hasattr(index, "ndim") and index.ndim == 0
+                and jnp.issubdtype(index.dtype, jnp.integer))):
+            if isinstance(index, int):
+                if not -self.shape[0] <= index < self.shape[0]:
+                    raise IndexError(f"index {index} is out of bounds for a stack of "
+                                     f"{self.shape[0]} matrices")
+                index %= self.shape[0]
+            return Panels(self.w, self.shape[1:], 0, self.scale, jnp.asarray(index, jnp.int32))
         scale = None if self.scale is None else self.scale[index]
         return Panels(self.w[index], self.shape[1:], self.lead - 1, scale)
 
+    def _matrix(self) -> tuple[jax.Array, jax.Array | None]:
+        """(w, scale) of this matrix alone: the view's matrix sliced out (a copy)."""
+        if self.at is None:
+            return self.w, self.scale
+        return self.w[self.at], None if self.scale is None else self.scale[self.at]
+
     def __rmatmul__(self, x: jax.Array) -> jax.Array:  # x [..., K] @ w [K, N] -> [..., N]
-        y = rows(self._rows(x).astype(jnp.float32), self.w, self.n, self.scale)
+        y = rows(self._rows(x).astype(jnp.float32), self.w, self.n, self.scale, self.at)
         return y.astype(x.dtype).reshape(*x.shape[:-1], self.n)
 
     def dequantize(self, dtype=jnp.float32) -> jax.Array:
         """The weight in its original layout [*lead, K, N] (for einsum products)."""
-        w = jnp.swapaxes(self.w, -3, -2)
+        w, scale = self._matrix()
+        w = jnp.swapaxes(w, -3, -2)
         w = w.reshape(*w.shape[:-2], -1)[..., :self.n].astype(jnp.float32)
-        if self.scale is not None:
-            w = w * self.scale[..., None, :]
+        if scale is not None:
+            w = w * scale[..., None, :]
         return w.astype(dtype)
 
 

@@ -299,13 +299,10 @@ class Engine:
             raise ValueError(f"page_size={page_size!r} must be a positive integer")
         if kernels not in KERNELS:
             raise ValueError(f"kernels={kernels!r}: choose one of {KERNELS}")
-        cpu = jax.default_backend() == "cpu"  # the kernels are XLA:CPU custom calls
-        if kernels == "native" and not (cpu and native_kernels.available()):
-            why = native_kernels.why_not() if cpu else f"the backend is {jax.default_backend()}"
-            raise RuntimeError(f"kernels='native' needs the native CPU kernels, which cannot "
-                               f"run here: {why}; use 'auto' or 'xla'")
-        self.kernels = "native" if kernels == "native" or (
-            kernels == "auto" and cpu and native_kernels.available()) else "xla"
+        try:  # the page kernels read float32 pages: "auto" as for float32 weights
+            self.kernels = native_kernels.choose(kernels)
+        except RuntimeError as e:
+            raise RuntimeError(str(e).replace("matmul=", "kernels=")) from None
         self.layout = Layout.of(cfg, page_size, native=self.kernels == "native")
         state_layers = self.layout.has_state
         if prefix_cache and state_layers:
