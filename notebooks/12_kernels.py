@@ -427,9 +427,11 @@ display(fig)
 #   weight and summed each across its lanes. With fewer than 8 accumulators (1 to 3 rows of
 #   x) each output keeps 2 or 4 partial sums, so that at least 8 independent FMA chains hide
 #   the FMA latency even for one row.
-# - **Passes over a panel in L2.** A pass takes at most MB = 8 rows of x with AVX-512's 32
-#   registers (4 with AVX2's 16). More rows make more passes over the same panel, which is
-#   K x 128 bytes and stays in L2, so a panel comes from memory once whatever M is. The kernel
+# - **Passes over a panel in L2.** A pass takes at most MB = 12 rows of x with AVX-512's 32
+#   registers (24 accumulators; 4 rows with AVX2's 16). 8 rows filled a Zen 4's FMAs, which
+#   split 512-bit work in two; a Zen 5 runs them full width and needed 12 (16 to 256 rows
+#   1.1-1.4x faster in `rows.cc`'s measurement). More rows make more passes over the
+#   panel, which is K x 128 bytes and stays in L2, so a panel comes from memory once whatever M is. The kernel
 #   is a GEMV at 1 row, a few-rows product in a small batch or a speculative verify, and a
 #   GEMM for a prefill.
 # - **Packed x.** x is first copied in blocks of MB rows, each block transposed ([K, MB]), so
