@@ -431,9 +431,9 @@ display(fig)
 #   registers (24 accumulators; 4 rows with AVX2's 16). 8 rows filled a Zen 4's FMAs, which
 #   split 512-bit work in two; a Zen 5 runs them full width and needed 12 (16 to 256 rows
 #   1.1-1.4x faster in `rows.cc`'s measurement). More rows make more passes over the
-#   panel, which is K x 128 bytes and stays in L2, so a panel comes from memory once whatever M is. The kernel
-#   is a GEMV at 1 row, a few-rows product in a small batch or a speculative verify, and a
-#   GEMM for a prefill.
+#   panel, which is K x 128 bytes and stays in L2, so a panel comes from memory once
+#   whatever M is. The kernel is a GEMV at 1 row, a few-rows product in a small batch or a
+#   speculative verify, and a GEMM for a prefill.
 # - **Packed x.** x is first copied in blocks of MB rows, each block transposed ([K, MB]), so
 #   the inputs a step broadcasts are adjacent.
 # - **Pinned loads.** An empty `asm` (`PIN`) keeps each loaded vector of w in a register;
