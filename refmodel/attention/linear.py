@@ -76,16 +76,15 @@ def causal_conv(x, state, w):
     """Depthwise causal conv: x [B, T, X] after the Z-1 inputs in state [B, Z-1, X].
 
     Tap Z-1 of w [X, Z] multiplies the current token (PyTorch's Conv1d with padding Z-1).
-    Returns y [B, T, X] (no bias) and the new state, the last Z-1 inputs. A sum of Z shifted
-    products, materialised once behind an optimisation barrier: without it XLA fuses the
-    elementwise chain into every consumer of its output and recomputes it there (seven times
-    over in prefill), and as one grouped convolution op (`lax.conv_general_dilated` with
-    feature_group_count = X) XLA:CPU ran it at 0.2-0.3 GB/s: 40-65 ms of a 100-200 ms
-    `bench` prefill of 256 tokens, the slowest op of the linear variants' prefill."""
-    T, Z = x.shape[1], w.shape[1]
+    Returns y [B, T, X] (no bias) and the new state, the last Z-1 inputs. One convolution
+    op, not a sum of Z shifted products: XLA fuses such an elementwise chain into every
+    consumer of its output and recomputes it there (seven times over in prefill)."""
+    T = x.shape[1]
     xp = jnp.concatenate([state.astype(x.dtype), x], axis=1)  # [B, Z-1+T, X]
-    y = sum(xp[:, z:z + T] * w[:, z].astype(x.dtype) for z in range(Z))  # [B, T, X]
-    return jax.lax.optimization_barrier(y), xp[:, T:]
+    y = jax.lax.conv_general_dilated(xp, w.T[:, None, :], (1,), "VALID",  # [Z, 1, X]
+                                     dimension_numbers=("NWC", "WIO", "NWC"),
+                                     feature_group_count=w.shape[0])
+    return y, xp[:, T:]
 
 
 def l2norm(x):
