@@ -101,7 +101,11 @@ def test_measure_peaks_writes_its_files_as_one_set(tmp_path, monkeypatch):
 # Killed mid-write: a subprocess writing sets of files through the real command line -------------
 
 WRITER = r"""
-import sys, time, types
+import signal, sys, time, types
+# Ctrl-C reaches a terminal's foreground process with SIGINT handled; a test run from a
+# background job (a shell's `cmd &`) would pass SIGINT down ignored, and this child would
+# never see the signal the test sends.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from microbench import cli
 from microbench.files import output_set, write_text_atomic
 
