@@ -201,7 +201,9 @@ print("after both finish:", pool.check(), "- the cached pages stay for the next 
 # once more than a contiguous cache does. The way vLLM does it is a kernel that reads the
 # pages where they lie (PagedAttention): with the native kernels built here
 # (`refmodel/kernels/attend.cc`, `kernels="auto"`), a decode step hands each GQA layer its
-# pages and their block tables, and attends page by page with an online softmax. The cost of
+# pages and their block tables, and attends over them where they lie, in chunks of keys split
+# over the cores, each a softmax whose maximum and sum are combined at the end (the online
+# softmax's rescaling, as flash-decoding does on a GPU). The cost of
 # each, against the plain batched decode of `Phases` over a contiguous cache at the same batch
 # and context (`microbench.serve.decode_ratio`: whole engine steps against a `Phases` call
 # after each, in rounds):
