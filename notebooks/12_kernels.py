@@ -687,8 +687,8 @@ if race is not None:
 # race, below. Near the ridge, staying on the memory roof means computing close to the GEMM's
 # rate while streaming. The earlier kernel could not: it took dot products of rows of an
 # [N, K] weight with rows of x and summed each output across its lanes, and batch 8 was where
-# it fell below its roof. The panel kernel of step 4 broadcasts x, keeps 8 x 32 outputs in
-# registers and never sums across lanes. The comment at the top of `rows.cc` records, on a
+# it fell below its roof. The panel kernel of step 4 broadcasts x, keeps up to 12 x 32 outputs
+# in registers (8 x 32 when the numbers below were taken) and never sums across lanes. The comment at the top of `rows.cc` records, on a
 # 2-core Zen 4 with the weight in L2, about 204 GFLOP/s at 8 rows against 150 for the earlier
 # kernel. Whether that brings batch 8 to its roof while the weights stream from memory, the
 # race in step 5 says (if it was run with the panel kernel: step 5 prints which).
