@@ -53,7 +53,7 @@ class PhasePlan:
     timing: Budget = Budget()
     # The weight products every point runs (refmodel.kernels.choose): "auto" is the project's
     # native kernels on a CPU where they build (the step a reader of this repo would run; XLA's
-    # few-row products streamed 0.1-0.3 of the read roof in the sweeps of issue 10), else XLA's.
+    # few-row products streamed 0.1-0.4 of the read roof in the sweeps of issue 10), else XLA's.
     matmul: str = "auto"
 
 
