@@ -39,19 +39,20 @@ def available() -> bool:
     return load()
 
 
-def choose(matmul: str, dtype: str = "float32", weight_format: str = "none") -> str:
+def choose(matmul: str, dtype: str = "float32", weight_format: str = "none",
+           name: str = "matmul") -> str:
     """The weight products a run uses (a `ModelConfig.matmul`): "auto" is "native" on a CPU
     backend where the kernels build, for float32 weights, else "xla"; any other choice is
     returned as it is, "native" only where the kernels can run here (else a RuntimeError
-    naming why)."""
+    naming why). `name`: the option the caller's errors name (the engine's "kernels")."""
     import jax
 
     if matmul not in CHOICES:
-        raise ValueError(f"matmul={matmul!r}: choose one of {CHOICES}")
+        raise ValueError(f"{name}={matmul!r}: choose one of {CHOICES}")
     cpu = jax.default_backend() == "cpu"  # the kernels are XLA:CPU custom calls
     if matmul == "native" and not (cpu and load()):
         why = why_not() if cpu else f"the backend is {jax.default_backend()}"
-        raise RuntimeError(f"matmul='native' needs the native CPU kernels, which cannot run "
+        raise RuntimeError(f"{name}='native' needs the native CPU kernels, which cannot run "
                            f"here: {why}; use 'auto' or 'xla'")
     if matmul != "auto":
         return matmul

@@ -178,11 +178,14 @@ static void run(ffi::ThreadPool& pool, const float* x, const T* wp, const float*
   });
 }
 
+// w in panels [*stack, N / P, K, P] (stack: 0 or 1 leading axes) against x [M, K], y [M, N].
 template <typename W>
-static bool shapes_ok(const W& w, ffi::Span<const int64_t> xd, ffi::Span<const int64_t> yd) {
+static bool shapes_ok(const W& w, ffi::Span<const int64_t> xd, ffi::Span<const int64_t> yd,
+                      size_t stack = 0) {
   const auto wd = w.dimensions();
-  return xd.size() == 2 && wd.size() == 3 && yd.size() == 2 && wd[2] == P && xd[1] == wd[1] &&
-         yd[0] == xd[0] && yd[1] <= wd[0] * P && yd[1] > (wd[0] - 1) * P;
+  if (xd.size() != 2 || wd.size() != 3 + stack || yd.size() != 2) return false;
+  const int64_t n = wd[stack], k = wd[stack + 1], p = wd[stack + 2];
+  return p == P && xd[1] == k && yd[0] == xd[0] && yd[1] <= n * P && yd[1] > (n - 1) * P;
 }
 
 static ffi::Error Rows(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
@@ -213,20 +216,13 @@ static ffi::Error RowsInt8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::B
 // and e = index[] (clamped to [0, E)): the kernel reads matrix e where it lies. Indexing the
 // stack in XLA first (w_all[e]) copies the matrix before every product: three passes over its
 // bytes instead of one (the MoE decode step ran at 10-16 GB/s that way).
-template <typename W>
-static bool stacked_ok(const W& w, ffi::Span<const int64_t> xd, ffi::Span<const int64_t> yd) {
-  const auto wd = w.dimensions();
-  return xd.size() == 2 && wd.size() == 4 && yd.size() == 2 && wd[3] == P && xd[1] == wd[2] &&
-         yd[0] == xd[0] && yd[1] <= wd[1] * P && yd[1] > (wd[1] - 1) * P;
-}
-
 static int64_t which(ffi::Buffer<ffi::S32>& index, int64_t E) {
   return std::clamp<int64_t>(index.typed_data()[0], 0, E - 1);
 }
 
 static ffi::Error RowsAt(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
                          ffi::Buffer<ffi::S32> index, ffi::ResultBuffer<ffi::F32> y) {
-  if (!stacked_ok(w, x.dimensions(), y->dimensions()) || index.element_count() != 1)
+  if (!shapes_ok(w, x.dimensions(), y->dimensions(), 1) || index.element_count() != 1)
     return ffi::Error::InvalidArgument(
         "rows_at: x [M, K], w in panels [E, ceil(N / 32), K, 32] with one K, index [], "
         "y [M, N]");
@@ -241,7 +237,7 @@ static ffi::Error RowsAtInt8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                              ffi::Buffer<ffi::S8> w, ffi::Buffer<ffi::F32> scale,
                              ffi::Buffer<ffi::S32> index, ffi::ResultBuffer<ffi::F32> y) {
   const auto wd = w.dimensions(), sd = scale.dimensions();
-  if (!stacked_ok(w, x.dimensions(), y->dimensions()) || index.element_count() != 1 ||
+  if (!shapes_ok(w, x.dimensions(), y->dimensions(), 1) || index.element_count() != 1 ||
       sd.size() != 2 || sd[0] != wd[0] || sd[1] != y->dimensions()[1])
     return ffi::Error::InvalidArgument(
         "rows_at_int8: x [M, K], w int8 in panels [E, ceil(N / 32), K, 32] with one K, scale "

@@ -299,10 +299,8 @@ class Engine:
             raise ValueError(f"page_size={page_size!r} must be a positive integer")
         if kernels not in KERNELS:
             raise ValueError(f"kernels={kernels!r}: choose one of {KERNELS}")
-        try:  # the page kernels read float32 pages: "auto" as for float32 weights
-            self.kernels = native_kernels.choose(kernels)
-        except RuntimeError as e:
-            raise RuntimeError(str(e).replace("matmul=", "kernels=")) from None
+        # the page kernels read float32 pages: "auto" as for float32 weights
+        self.kernels = native_kernels.choose(kernels, name="kernels")
         self.layout = Layout.of(cfg, page_size, native=self.kernels == "native")
         state_layers = self.layout.has_state
         if prefix_cache and state_layers:
