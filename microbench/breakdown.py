@@ -31,7 +31,9 @@ several threads or the trace ran slower. A fused kernel holding two scopes (the 
 gather fused into the first norm, attn_values fused into out_proj's GEMM) is charged to the
 one XLA named it after, and that row lists the other scopes in `holds` (and they list it in
 `held_by`); an op the cost model counts but no kernel is named after shows with time 0 and
-`fused: true`.
+`fused: true`. A kernel whose scope names several ops joined by "+" (the native decode
+attention, refmodel.attention.common.KERNEL_SCOPE: scores, softmax and values in one pass) is
+one row charged with their summed counted cost; they show as fused and held by it.
 Sources: XLA:CPU `thunk_executor.cc` trace events; JAX "Profiling computation" docs.
 """
 
@@ -103,13 +105,20 @@ def parse_hlo(text: str) -> tuple[dict, str | None]:
     return comps, entry
 
 
+def joined(scope: str, known: set) -> tuple[str, ...]:
+    """The ops of a scope that names several joined by "+" (a kernel holding them all,
+    refmodel.attention.common.KERNEL_SCOPE), if each is known; else ()."""
+    ops = tuple(scope.split("+"))
+    return ops if len(ops) > 1 and all(o in known for o in ops) else ()
+
+
 def scope_of(op_name: str | None, known: set) -> str | None:
     """The innermost known named scope in an op_name path, else a bucket by primitive."""
     if not op_name or not op_name.startswith("jit("):
         return None
     parts = op_name.split("/")
     for part in reversed(parts[:-1]):
-        if part in known:
+        if part in known or joined(part, known):
             return part
     prim = parts[-1]
     if prim in LAYOUT_PRIMS or prim == "dynamic_slice":
@@ -253,6 +262,12 @@ def _traced_calls(compiled, args: list, donate: tuple, carry, calls: int, folder
 
 # ----------------------------------------------------------------------------- the breakdown
 
+def _summed(costs: list) -> dict:
+    """The counted cost of ops one kernel holds together (none: zero)."""
+    flops, nbytes = sum(c["flops"] for c in costs), sum(c["bytes"] for c in costs)
+    return {"flops": flops, "bytes": nbytes, "intensity": flops / nbytes if nbytes else None}
+
+
 def _rates(flops: float, nbytes: float, t: float) -> dict:
     ok = t > 0
     return {"gflops_per_s": flops / t / 1e9 if ok else None,
@@ -302,18 +317,18 @@ def measure_breakdown(cfg_or_phases, phase: str, batch: int, context: int, *, ca
         row = measured.setdefault(op, {"time_s": 0.0, "kernels": [], "holds": set()})
         row["time_s"] += t / n
         row["kernels"].append(instr)
-        row["holds"] |= holds.get(instr, set()) - {op}
+        row["holds"] |= (holds.get(instr, set()) | set(joined(op, known))) - {op}
     t_whole = whole.median
     rows = []
     for op in list(dict.fromkeys(list(measured) + list(counted["ops"]))):
-        c = counted["ops"].get(op, {"flops": 0.0, "bytes": 0.0, "intensity": None})
+        c = counted["ops"].get(op) or _summed([counted["ops"][o] for o in joined(op, known)])
         m = measured.get(op, {"time_s": 0.0, "kernels": [], "holds": set()})
         held_by = sorted(o for o, r in measured.items() if op in r["holds"])
         rows.append({"op": op, "time_s": m["time_s"], "share": m["time_s"] / t_whole,
                      "flops": c["flops"], "bytes": c["bytes"], "intensity": c["intensity"],
                      **_rates(c["flops"], c["bytes"], m["time_s"]),
                      "kernels": sorted(m["kernels"]), "holds": sorted(m["holds"]),
-                     "held_by": held_by, "counted": op in counted["ops"],
+                     "held_by": held_by, "counted": op in counted["ops"] or bool(joined(op, known)),
                      "fused": op in counted["ops"] and not m["kernels"]})
     rows.sort(key=lambda r: -r["time_s"])
     attributed = sum(r["time_s"] for r in rows)
@@ -343,7 +358,8 @@ def format_table(result: dict) -> str:
             f"{result['context']}: whole {result['whole']['time_s'] * 1e3:.3f} ms "
             f"({result['whole']['gflops_per_s']:.1f} GFLOP/s, "
             f"{result['whole']['gbytes_per_s']:.1f} GB/s)")
-    lines = [head, f"{'op':<14}{'ms':>9}{'share':>8}{'GFLOP':>9}{'MB':>9}{'FLOP/B':>8}"
+    w = max([14] + [len(r["op"]) + 2 for r in result["rows"]])  # a joined op's name is long
+    lines = [head, f"{'op':<{w}}{'ms':>9}{'share':>8}{'GFLOP':>9}{'MB':>9}{'FLOP/B':>8}"
              f"{'GFLOP/s':>9}{'GB/s':>8}"]
 
     def f(v, fmt):
@@ -351,11 +367,11 @@ def format_table(result: dict) -> str:
 
     for r in result["rows"]:
         mark = "*" if r["fused"] else "+" if r["holds"] else ""
-        lines.append(f"{r['op'] + mark:<14}{r['time_s'] * 1e3:>9.3f}"
+        lines.append(f"{r['op'] + mark:<{w}}{r['time_s'] * 1e3:>9.3f}"
                      f"{r['share']:>8.1%}{r['flops'] / 1e9:>9.3f}{r['bytes'] / 1e6:>9.2f}"
                      f"{f(r['intensity'], '8.1f'):>8}{f(r['gflops_per_s'], '9.1f'):>9}"
                      f"{f(r['gbytes_per_s'], '8.1f'):>8}")
-    lines.append(f"{'unattributed':<14}{result['unattributed_s'] * 1e3:>9.3f}"
+    lines.append(f"{'unattributed':<{w}}{result['unattributed_s'] * 1e3:>9.3f}"
                  f"{result['unattributed_share']:>8.1%}   (dispatch, gaps, copies; negative: "
                  "traced ops ran slower or overlapped)")
     lines.append("* counted, but fused into another op's kernel (no kernel of its own)")

@@ -16,6 +16,7 @@ from microbench import cli
 from microbench.plots import breakdown as breakdown_plot
 from microbench.points import Budget
 from refmodel import costs, kernels
+from refmodel.attention.common import KERNEL_SCOPE
 
 FAST = Budget(budget_s=0.05, min_samples=2, min_sample_s=1e-4)
 # Counted ops XLA may fuse into a neighbour's kernel on the tiny model: the embedding gather
@@ -81,6 +82,15 @@ def test_native_products_are_found_under_their_ops(tmp_path):
     for op, n in {**{k: v * cfg.n_layers for k, v in per_layer.items()}, "lm_head": 1}.items():
         calls = [k for k in rows[op]["kernels"] if k.startswith("ffi_call")]
         assert len(calls) == n, (op, rows[op]["kernels"])
+    # the attention kernel holds scores, softmax and values: one row with their summed cost
+    held = KERNEL_SCOPE.split("+")
+    core = rows[KERNEL_SCOPE]
+    assert len([k for k in core["kernels"] if k.startswith("ffi_call")]) == cfg.n_layers
+    assert core["holds"] == sorted(held)
+    assert core["counted"] and core["bytes"] == sum(rows[o]["bytes"] for o in held) > 0
+    assert core["flops"] == sum(rows[o]["flops"] for o in held) > 0
+    for o in held:
+        assert rows[o]["fused"] and rows[o]["held_by"] == [KERNEL_SCOPE]
 
 
 def test_json_round_trips_and_the_figure_draws_from_it(result, tmp_path):
@@ -112,6 +122,13 @@ def test_scope_of_names_the_innermost_scope():
     assert bd.scope_of("jit(decode)/decode/add", known) == "residual"
     assert bd.scope_of("jit(decode)/decode/attention/transpose", known) == "layout"
     assert bd.scope_of("state['lm_head'].value", known) is None
+    # a scope naming several known ops joined by "+" is one op (a kernel holding them)
+    assert bd.scope_of(f"jit(decode)/decode/attention/{KERNEL_SCOPE}/ffi_call", known) == \
+        KERNEL_SCOPE
+    assert bd.joined(KERNEL_SCOPE, known) == ("attn_scores", "attn_softmax", "attn_values")
+    assert bd.joined("attn_scores+mystery", known) == () and bd.joined("rope", known) == ()
+    assert bd.scope_of("jit(decode)/decode/attention/attn_scores+mystery/exp", known) == \
+        "other"
 
 
 def test_self_times_subtract_nested_events_and_busy_is_the_union():

@@ -257,6 +257,22 @@ def test_the_kernel_runs_where_it_should(matmul, phase, batch, calls):
     assert text.count(build.TARGETS["PagedAttentionF32"]) == (2 if native_decode else 0)
 
 
+def test_a_native_sliding_decode_attends_in_the_kernel_over_written_slots_only():
+    """The ring's decode in the kernel: one call per sliding layer (none in XLA's model),
+    and the cost model counts what each runs: XLA's ring scores all W slots at any context
+    (the padding is RING_OP), the kernel only the min(S + 1, W) written ones."""
+    from refmodel.attention.sliding import RING_OP
+
+    cfg = tiny(attention="sliding", n_layers=2)
+    S = cfg.window // 2  # the ring is half written
+    for matmul, calls in (("native", 2), ("xla", 0)):
+        phases = refmodel.Phases(refmodel.init(cfg.replace(matmul=matmul), seed=0))
+        text = phases.jitted["decode"].lower(*phases.example_args("decode", 2, S)).as_text()
+        assert text.count(build.TARGETS["PagedAttentionF32"]) == calls
+        ops = refmodel.costs.phase_costs(phases.cfg, "decode_attention", 2, S)["ops"]
+        assert (ops.get(RING_OP, {}).get("flops", 0) > 0) == (matmul == "xla")  # 0: no row
+
+
 def test_native_decode_past_the_cache_end_attends_as_xla_does():
     """A benchmark carries its cache on past max_len: XLA clamps the write to the last slot
     and every key is seen; the native attention sees every key too, so the steps agree."""

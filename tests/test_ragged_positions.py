@@ -25,6 +25,7 @@ import pytest
 from conftest import assert_logits_close, tiny, tokens
 
 import refmodel
+from refmodel import kernels
 from refmodel.phases import Phases
 
 W = tiny().window
@@ -33,6 +34,12 @@ CHUNK, STEPS = 3, 3  # then a prefill chunk of CHUNK tokens and STEPS decode ste
 MAX_LEN = max(LENGTHS) + CHUNK + STEPS
 CONFIGS = dict(refmodel.attention.option_sets())
 CONFIGS["mha, learned positions"] = {"attention": "mha", "position": "learned"}
+# A native model's decode attends in the kernel over each row's first min(p + 1, S) slots:
+# GQA's cache, and the sliding ring (whose written slots are its first ones, in any order).
+NATIVE = {f"{kind}, native kernels": {"attention": kind, "matmul": "native"}
+          for kind in ("gqa", "sliding")}
+CASES = [*CONFIGS, *(pytest.param(label, marks=pytest.mark.skipif(
+    not kernels.available(), reason="native kernels not built")) for label in NATIVE)]
 
 
 def decoded(ph, cache, toks):
@@ -51,9 +58,9 @@ def rows(caches, picks):
         [np.asarray(a)[b:b + 1] for a, b in zip(leaves, picks, strict=True)])), *caches)
 
 
-@pytest.mark.parametrize("label", list(CONFIGS))
+@pytest.mark.parametrize("label", CASES)
 def test_rows_at_their_own_positions_equal_each_alone(label):
-    cfg = tiny(n_layers=1, **CONFIGS[label])
+    cfg = tiny(n_layers=1, **{**CONFIGS, **NATIVE}[label])
     ph = Phases(refmodel.init(cfg, seed=0))
     B = len(LENGTHS)
     toks = np.asarray(tokens(cfg, B, max(LENGTHS), seed=2))

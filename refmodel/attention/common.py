@@ -23,6 +23,10 @@ ATTN_SOFTMAX_FLOPS = 2 + SOFTMAX_FLOPS
 SINK_FLOPS = 3
 # `rope`: 2 multiplies and 1 add per rotated channel.
 ROPE_FLOPS = 3
+# The named scope of a kernel that computes scores, softmax and values in one pass (the native
+# decode attention): the ops it holds, joined by "+" (microbench.breakdown charges its time
+# and their counted cost to one row).
+KERNEL_SCOPE = "attn_scores+attn_softmax+attn_values"
 
 
 def positions_of(start: jax.Array, T: int) -> jax.Array:

@@ -20,6 +20,7 @@ from refmodel.attention import register
 from refmodel.attention.base import AttentionLayer
 from refmodel.attention.common import (
     ATTN_SOFTMAX_FLOPS,
+    KERNEL_SCOPE,
     ROPE_FLOPS,
     SINK_FLOPS,
     attend,
@@ -162,14 +163,35 @@ class GroupedQueryAttention(AttentionLayer):
         return attend(q, k, v, mask, self.cfg.softmax_scale, self.cfg.attn_softcap, sinks,
                       written)
 
-    def reads_pages(self) -> bool:
-        """Float32 keys and values with a plain softmax (no soft-capping, no sinks), in this
-        class's own `__call__` (the sliding and sparse variants override it): the kernel's
-        case."""
-        cfg = self.cfg
-        return (type(self).__call__ is GroupedQueryAttention.__call__
-                and cfg.dtype == "float32" and cfg.kv_format == "none"
+    @staticmethod
+    def plain_softmax(cfg: ModelConfig) -> bool:
+        """Float32 keys and values with a plain softmax (no soft-capping, no sinks): what the
+        native attention kernel computes."""
+        return (cfg.dtype == "float32" and cfg.kv_format == "none"
                 and cfg.attn_softcap is None and not cfg.attn_sinks)
+
+    @classmethod
+    def kernel_attends(cls, cfg: ModelConfig) -> bool:
+        """A decode step attends in the native kernel: a native model (`matmul="native"`) in
+        the kernel's case (`plain_softmax`)."""
+        return cfg.matmul == "native" and cls.plain_softmax(cfg)
+
+    def reads_pages(self) -> bool:
+        """The kernel's case (`plain_softmax`) in this class's own `__call__` (the sliding and
+        sparse variants override it): the engine hands such a layer its pages in place."""
+        return (type(self).__call__ is GroupedQueryAttention.__call__
+                and self.plain_softmax(self.cfg))
+
+    def attend_in_kernel(self, q: jax.Array, k: jax.Array, v: jax.Array,
+                         start: jax.Array) -> jax.Array:
+        """q [B, 1, K, G, H] over each row's first min(start + 1, S) slots of k, v [B, K, S,
+        H] (the cache as one page per sequence), in the native kernel -> [B, 1, K, G, H]."""
+        B, S = q.shape[0], k.shape[2]
+        # keys up to the query's own position; past the cache's end (a benchmark carrying its
+        # cache on), every key, as XLA's clamped write and mask do
+        lens = jnp.broadcast_to(jnp.minimum(start + 1, S), (B,))
+        return PagedKV(k, v, jnp.arange(B, dtype=jnp.int32)[:, None]).attend(
+            q, self.cfg.softmax_scale, lens)
 
     def __call__(self, x: jax.Array, start: jax.Array, cache: KVCache | PagedKV | None):
         positions = positions_of(start, x.shape[1])  # [T], or [B, T] for a start per row
@@ -182,20 +204,15 @@ class GroupedQueryAttention(AttentionLayer):
             return self.output(x, o), None
         with jax.named_scope("kv_write"):  # each row's keys at its own start if start is [B]
             cache = KVCache(k=write_at(cache.k, k, start, 2), v=write_at(cache.v, v, start, 2))
-        if x.shape[1] == 1 and self.cfg.matmul == "native" and self.reads_pages():
+        if x.shape[1] == 1 and self.kernel_attends(self.cfg):
             # A native model's decode attends in the kernel, its cache one page per sequence:
             # llama-309m, 2-core Zen 4, step vs XLA's attention in the same model, interleaved,
             # 3 rounds: context 128 batch 1 / 8 0.98-1.10x / 1.04-1.14x faster, context 1024
             # 1.18-1.24x / 1.16-1.32x (one pass with an online softmax; XLA's scores, mask,
-            # softmax and values each go through memory). One kernel holds all three scopes:
-            # a profile charges it to the scores.
-            with jax.named_scope("attn_scores"):
-                B, S = x.shape[0], cache.k.shape[2]
-                # keys up to the query's own position; past the cache's end (a benchmark
-                # carrying its cache on), every key, as XLA's clamped write and mask do
-                lens = jnp.broadcast_to(jnp.minimum(start + 1, S), (B,))
-                o = PagedKV(cache.k, cache.v, jnp.arange(B, dtype=jnp.int32)[:, None]).attend(
-                    q, self.cfg.softmax_scale, lens)
+            # softmax and values each go through memory). One kernel holds all three scopes
+            # (the scope's name lists them: microbench.breakdown charges it with all three).
+            with jax.named_scope(KERNEL_SCOPE):
+                o = self.attend_in_kernel(q, cache.k, cache.v, start)
             return self.output(x, o), cache
         k_pos = jnp.arange(cache.k.shape[2], dtype=jnp.int32)  # [S]
         o = self.core(q, cache_read(cache.k, q.dtype), cache_read(cache.v, q.dtype),

@@ -14,7 +14,8 @@ positions are kept per sequence ([B, W]): rows of a batch may sit at different p
 Two paths, chosen by the static chunk length T:
 - decode (T = 1): write the new key into its slot first (it overwrites position p - W, which
   p no longer sees), then attend over the W slots. Empty slots are masked but still computed:
-  a decode step executes W scores whatever the context.
+  a decode step executes W scores whatever the context. A native model (`matmul="native"`,
+  float32, plain softmax) attends in GQA's kernel over the written slots only, min(p + 1, W).
 - prefill (T > 1, on a cache that may already hold tokens): a chunk longer than W would
   overwrite its own keys, so it attends over [the W old slots ++ its own T keys] with the
   window mask first (W + T scores per query), then writes its last min(T, W) keys.
@@ -41,7 +42,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from refmodel.attention import register
-from refmodel.attention.common import causal_mask, positions_of
+from refmodel.attention.common import KERNEL_SCOPE, causal_mask, positions_of
 from refmodel.attention.gqa import GroupedQueryAttention, gqa_costs, kv_heads
 from refmodel.config import ModelConfig, positive
 from refmodel.counting import Cost, Dtypes
@@ -108,6 +109,15 @@ class SlidingWindowAttention(GroupedQueryAttention):
         if T == 1:  # decode: write first, then attend over the ring's W slots
             with jax.named_scope("kv_write"):
                 cache = ring_write(cache, k, v, positions)
+            if self.kernel_attends(self.cfg):
+                # A row's ring is written in order from position 0, position p in slot p mod
+                # W: after this write it holds positions max(0, p - W + 1) .. p, all in its
+                # first min(p + 1, W) slots, and the softmax does not care in which order. So
+                # the kernel reads those slots as GQA's cache (one page per row); the empty
+                # ones are never read, where XLA's path scores and masks them.
+                with jax.named_scope(KERNEL_SCOPE):
+                    o = self.attend_in_kernel(q, cache.k, cache.v, start)
+                return self.output(x, o), cache
             keys, values = cache_read(cache.k, q.dtype), cache_read(cache.v, q.dtype)
             k_pos = cache.pos  # keys, values [B, K, W, H]; k_pos [B, W]
         else:  # prefill: attend over old slots ++ the chunk, then write
@@ -174,11 +184,12 @@ class SlidingWindowAttention(GroupedQueryAttention):
               dt: Dtypes) -> dict[str, Cost]:
         """The attention ops of a windowed engine (min(context, W - 1) + new keys per query:
         min(S + 1, W) at decode), plus `RING_OP`: the masked slots this ring scores on top
-        (it executes W keys at decode, W + new at prefill). Only the last min(new, W) keys
-        are written."""
+        (it executes W keys at decode, W + new at prefill; a native model's decode, only
+        the written ones: none on top). Only the last min(new, W) keys are written."""
         K, W, H = kv_heads(cfg, kind), cfg.window, cfg.resolved_head_dim
         engine = min(context, W - 1) + new
-        executed = W if new == 1 else W + new
+        # a decode step in the native kernel reads only the written slots: no padding
+        executed = (engine if cls.kernel_attends(cfg) else W) if new == 1 else W + new
         out = gqa_costs(cfg, K, batch, new, engine, dt)
         ring = gqa_costs(cfg, K, batch, new, executed, dt)
         out[RING_OP] = sum((ring[op] + (-1.0) * out[op] for op in RING_OPS), Cost())
