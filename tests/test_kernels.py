@@ -242,8 +242,8 @@ def test_model_is_golden_and_equals_the_xla_model(matmul):
 def test_the_kernel_runs_where_it_should(matmul, phase, batch, calls):
     """No silent fallback: a native step (decode at batch 1 or 2, a prefill of 8 tokens; int8
     weights: the int8 kernel) holds one custom call per `x @ w` product (dense GQA layer: q, k,
-    v, o, gate, up, down; plus the LM head); with matmul='output-major', none (XLA's products
-    over the output-major weight)."""
+    v, o, gate, up, down; plus the LM head) and one attention kernel per layer; with
+    matmul='output-major', none (XLA's products over the output-major weight)."""
     cfg = tiny(attention="gqa", n_layers=2)
     int8 = matmul == "native-int8"
     cfg = cfg.replace(matmul="native", weight_format="int8") if int8 else cfg.replace(
@@ -252,9 +252,13 @@ def test_the_kernel_runs_where_it_should(matmul, phase, batch, calls):
     text = phases.jitted[phase].lower(*phases.example_args(phase, batch, 8)).as_text()
     assert text.count(build.TARGETS["RowsI8" if int8 else "RowsF32"]) == calls
     assert text.count(build.TARGETS["RowsF32" if int8 else "RowsI8"]) == 0
-    # and a native decode step attends in the paged kernel, one call per layer
-    native_decode = matmul != "output-major" and phase == "decode"
-    assert text.count(build.TARGETS["PagedAttentionF32"]) == (2 if native_decode else 0)
+    # and a native step attends in a kernel, one call per layer: the paged kernel at decode,
+    # the prefill kernel for a chunk of tokens
+    native = matmul != "output-major"
+    assert text.count(build.TARGETS["PagedAttentionF32"]) == (
+        2 if native and phase == "decode" else 0)
+    assert text.count(build.TARGETS["AttendRowsF32"]) == (
+        2 if native and phase == "prefill" else 0)
 
 
 def test_a_native_sliding_decode_attends_in_the_kernel_over_written_slots_only():
@@ -271,6 +275,45 @@ def test_a_native_sliding_decode_attends_in_the_kernel_over_written_slots_only()
         assert text.count(build.TARGETS["PagedAttentionF32"]) == calls
         ops = refmodel.costs.phase_costs(phases.cfg, "decode_attention", 2, S)["ops"]
         assert (ops.get(RING_OP, {}).get("flops", 0) > 0) == (matmul == "xla")  # 0: no row
+
+
+@settings(max_examples=15, deadline=None)
+@given(B=st.integers(1, 2), T=st.integers(1, 30), K=st.integers(1, 3), G=st.integers(1, 4),
+       H=st.sampled_from([1, 8, 16, 33, 64, 80]), extra=st.integers(0, 70),
+       seed=st.integers(0, 2**16))
+def test_prefill_attention_equals_softmax_attention(B, T, K, G, H, extra, seed):
+    """The prefill kernel (attend_rows.cc) against float64 softmax attention: any head size
+    (panels padded past H), key counts off the 32-key panels, query rows in several tiles of
+    12 and several row blocks, each query over its own prefix of the keys (any length 1..S,
+    not only causal: a row block mixes lengths). Scores spread wide enough for large exps."""
+    from refmodel.kernels.prefill import attend_rows
+
+    rng = np.random.default_rng(seed)
+    S = T + extra
+    q = rng.standard_normal((B, T, K, G, H)).astype(np.float32)
+    k = (3 * rng.standard_normal((B, K, S, H))).astype(np.float32)
+    v = rng.standard_normal((B, K, S, H)).astype(np.float32)
+    lens = rng.integers(1, S + 1, (B, T)).astype(np.int32)
+    scale = 1 / np.sqrt(H)
+    got = np.asarray(jax.jit(attend_rows, static_argnums=4)(q, k, v, lens, scale))
+    for b in range(B):
+        for t in range(T):
+            n = lens[b, t]
+            s = scale * np.einsum("kgh,klh->kgl", q[b, t].astype(np.float64), k[b, :, :n])
+            p = np.exp(s - s.max(-1, keepdims=True))
+            want = np.einsum("kgl,klh->kgh", p / p.sum(-1, keepdims=True), v[b, :, :n])
+            np.testing.assert_allclose(got[b, t], want, rtol=2e-5, atol=2e-5)
+
+
+def test_prefill_attention_refuses_wrong_shapes_and_dtypes():
+    from refmodel.kernels.prefill import attend_rows
+
+    q, kv = jnp.zeros((1, 4, 2, 2, 8), jnp.float32), jnp.zeros((1, 2, 6, 8), jnp.float32)
+    lens = jnp.ones((1, 4), jnp.int32)
+    for args in [(q.astype(jnp.bfloat16), kv, kv, lens), (q, kv[:, :1], kv[:, :1], lens),
+                 (q, kv, kv, lens[:, :3]), (q, kv, kv[..., :4], lens)]:
+        with pytest.raises(ValueError, match="attend_rows: q float32"):
+            attend_rows(*args, 1.0)
 
 
 def test_native_decode_past_the_cache_end_attends_as_xla_does():

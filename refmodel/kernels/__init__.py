@@ -18,7 +18,10 @@ where no compiler is found, and the reference every kernel is tested against.
 The serving engine's paged KV cache has two more (`pages.py`): `attend.cc`, decode attention
 that reads each sequence's pages where they lie (vLLM's PagedAttention), and `pages.cc`, the
 gather of pages into a contiguous view for the layers that cannot. The engine uses them where
-they build (`Engine(kernels="auto")`); XLA's gather is their fallback and reference.
+they build (`Engine(kernels="auto")`); XLA's gather is their fallback and reference. A native
+model's prefill chunks attend in `attend_rows.cc` (`prefill.py`): per sequence and KV head,
+the scores of a block of query rows kept in L2 between two products in `rows.cc`'s tile
+(`panels.h`), where XLA's attention wrote them to memory and read them back.
 """
 
 from __future__ import annotations

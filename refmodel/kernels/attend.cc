@@ -28,28 +28,6 @@
 
 #include "common.h"
 
-typedef int32_t ivec __attribute__((vector_size(4 * VL), aligned(4)));
-
-// e^x for x <= 0 (scores minus their max), VL lanes; below -87 it is ~0 (2^-126 scale).
-static inline vec vexp(vec x) {
-  const vec lo = vec{} - 87.0f;
-  x = x < lo ? lo : x;
-  const vec t = x * 1.44269504088896341f - 0.5f;  // log2(e) x, rounded below by truncation
-  const ivec n = __builtin_convertvector(t, ivec);  // toward zero: round(x log2 e) for x <= 0
-  const vec nf = __builtin_convertvector(n, vec);
-  const vec r = x - nf * 0.693359375f + nf * 2.12194440e-4f;  // x - n ln 2, in two parts
-  vec p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const ivec scale = (n + 127) << 23;  // 2^n as a float's bits
-  vec s;
-  std::memcpy(&s, &scale, sizeof(s));
-  return p * s;
-}
-
 // The sum of a vector's lanes, as a tree of halves.
 static inline float hsum(vec v) {
 #if defined(__AVX512F__)

@@ -1,9 +1,10 @@
-// What the native kernels share (rows.cc today; a kernel to come includes it too): the widest
-// native float32 vector, a register pin, and a parallel loop on XLA's own intra-op thread pool.
+// What the native kernels share: the widest native float32 vector, a register pin, a
+// vectorised exp, and a parallel loop on XLA's own intra-op thread pool.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -28,6 +29,29 @@ constexpr int64_t VL = 4;
 constexpr int REGS = 16;
 #endif
 typedef float vec __attribute__((vector_size(4 * VL), aligned(4)));  // unaligned loads allowed
+
+typedef int32_t ivec __attribute__((vector_size(4 * VL), aligned(4)));
+
+// e^x for x <= 0 (scores minus their max), VL lanes; below -87 it is ~0 (2^-126 scale):
+// Cephes' expf (range reduction by ln 2, degree-6 polynomial, ~1e-7 relative), vectorised.
+static inline vec vexp(vec x) {
+  const vec lo = vec{} - 87.0f;
+  x = x < lo ? lo : x;
+  const vec t = x * 1.44269504088896341f - 0.5f;  // log2(e) x, rounded below by truncation
+  const ivec n = __builtin_convertvector(t, ivec);  // toward zero: round(x log2 e) for x <= 0
+  const vec nf = __builtin_convertvector(n, vec);
+  const vec r = x - nf * 0.693359375f + nf * 2.12194440e-4f;  // x - n ln 2, in two parts
+  vec p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const ivec scale = (n + 127) << 23;  // 2^n as a float's bits
+  vec s;
+  std::memcpy(&s, &scale, sizeof(s));
+  return p * s;
+}
 
 // Keep a loaded vector in a register: without it GCC 12 folds a load into every FMA that uses
 // it, one load per FMA instead of one per vector.

@@ -15,7 +15,7 @@
 // context), so the kernel uses the cores XLA uses and never oversubscribes them. A task that
 // starts after every block is taken finds none and returns.
 //
-// Inner loop (`tile`): B rows of x against CV vectors of a panel row (AVX-512: the whole
+// Inner loop (`tile`, in panels.h with `panel` and `pack`, shared with attend_rows.cc): B rows of x against CV vectors of a panel row (AVX-512: the whole
 // row, 2 vectors; AVX2 2 of 4, SSE 2 of 8), B x CV accumulators; per input k, CV loads of w,
 // B broadcasts of x, B x CV fused multiply-adds. B <= MB rows per pass (12 with AVX-512's 32
 // registers: 24 accumulators, 2 weight vectors, a broadcast; 4 with 16); more rows re-read the
@@ -41,126 +41,9 @@
 // vector extensions of the widest native width (the idiom of microbench/native.py's STREAM
 // kernels); -march=native picks AVX-512, AVX2 or SSE at build time; -ffp-contract=fast makes
 // `a += v * x` one FMA.
-#include "common.h"
+#include "panels.h"
 
-constexpr int64_t P = 32;  // outputs per panel: rows.py's PANEL, the stored layout
-constexpr int NV = P / VL;               // vectors per panel row
-constexpr int CV = NV < 2 ? NV : 2;      // of them per tile
-constexpr int MB = REGS >= 32 ? 12 : 4;  // rows of x per pass over a panel
-constexpr int64_t PF = 2048;             // bytes of the panel ahead to prefetch
 constexpr int64_t SHARES = 4;  // blocks of work per thread: a late or slowed thread is covered
-
-// The weight's stored numbers: float32, or int8 with one float32 scale per output (y = scale
-// times the sum over the int8 values, as refmodel/quant.py's "int8" format stores them).
-// An int8 vector of VL lanes is converted to VL floats as it is loaded (AVX-512: one
-// sign-extend and one convert per 16 weights), a quarter of the bytes for the same FMAs.
-// (GCC 12 turns __builtin_convertvector from int8 into one scalar sign-extend per lane, so
-// the x86 widths use the sign-extending loads' intrinsics.)
-static inline vec load(const float* w) { return *(const vec*)w; }
-static inline vec load(const int8_t* w) {
-#if defined(__AVX512F__)
-  return (vec)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)w)));
-#elif defined(__AVX2__)
-  return (vec)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)w)));
-#else
-  vec v;
-  for (int64_t l = 0; l < VL; l++) v[l] = w[l];
-  return v;
-#endif
-}
-
-// Rows m0 .. m0 + B of x against vectors c0 .. c0 + CV of panel pw's rows, over all K inputs.
-// xb is x's block of rows m0 .. m0 + B, transposed ([K, B], `pack`): the B inputs of a step
-// are adjacent. U partial sums per output so that at least 8 independent FMA chains hide the
-// FMA latency even for one row of x. `scale`: one per output (int8), or null.
-template <int B, typename T>
-static void tile(const float* xb, int64_t m0, const T* pw, const float* scale, int c0,
-                 int64_t K, float* y, int64_t N, int64_t n0) {
-  constexpr int U = (B * CV >= 8) ? 1 : (B * CV >= 4 ? 2 : 4);
-  vec acc[U][B][CV];
-  for (int u = 0; u < U; u++)
-    for (int b = 0; b < B; b++)
-      for (int v = 0; v < CV; v++) acc[u][b][v] = vec{};
-  const T* w = pw + c0 * VL;
-  const int64_t ku = K / U * U;
-  for (int64_t k = 0; k < ku; k += U) {
-    for (int u = 0; u < U; u++) {
-      const T* wk = w + (k + u) * P;
-      // past the panel's end: the next panel
-      __builtin_prefetch(reinterpret_cast<const char*>(wk) + PF, 0, 2);
-      vec wv[CV];
-      for (int v = 0; v < CV; v++) {
-        wv[v] = load(wk + v * VL);
-        PIN(wv[v]);
-      }
-      const float* xk = xb + (k + u) * B;
-      for (int b = 0; b < B; b++) {
-        const vec xb = vec{} + xk[b];
-        for (int v = 0; v < CV; v++) acc[u][b][v] += xb * wv[v];
-      }
-    }
-  }
-  for (int64_t k = ku; k < K; k++)
-    for (int b = 0; b < B; b++)
-      for (int v = 0; v < CV; v++)
-        acc[0][b][v] += (vec{} + xb[k * B + b]) * load(w + k * P + v * VL);
-  for (int b = 0; b < B; b++)
-    for (int v = 0; v < CV; v++) {
-      vec a = acc[0][b][v];
-      for (int u = 1; u < U; u++) a += acc[u][b][v];
-      const int64_t n = n0 + (c0 + v) * VL;
-      float* yr = y + (m0 + b) * N + n;
-      if (n + VL <= N) {
-        if (scale) a *= *(const vec*)(scale + n);
-        *(vec*)yr = a;
-      } else {
-        for (int64_t l = 0; l < N - n; l++) yr[l] = scale ? a[l] * scale[n + l] : a[l];
-      }
-    }
-}
-
-// Panel p for every row of x: MB rows of x per pass, CV vectors of the panel per tile. The
-// first pass reads the panel from memory, later ones (more rows, other vectors) from L2.
-// (With MB = 4 the cases past 4 never run; they name tile<1> only so that no tile is
-// instantiated that the registers cannot hold.)
-template <typename T>
-static void panel(const float* xp, const T* wp, const float* scale, float* y, int64_t M,
-                  int64_t K, int64_t N, int64_t p) {
-  const T* pw = wp + p * K * P;
-  const int64_t n0 = p * P;
-  for (int c0 = 0; c0 < NV; c0 += CV) {
-    if (n0 + c0 * VL >= N) break;  // vectors wholly past N: zero weights, nothing to write
-    for (int64_t m0 = 0; m0 < M; m0 += MB) {
-      const float* xb = xp + m0 * K;
-      switch (std::min<int64_t>(MB, M - m0)) {
-        case 1: tile<1>(xb, m0, pw, scale, c0, K, y, N, n0); break;
-        case 2: tile<2>(xb, m0, pw, scale, c0, K, y, N, n0); break;
-        case 3: tile<3>(xb, m0, pw, scale, c0, K, y, N, n0); break;
-        case 4: tile<4>(xb, m0, pw, scale, c0, K, y, N, n0); break;
-        case 5: tile<(MB >= 5 ? 5 : 1)>(xb, m0, pw, scale, c0, K, y, N, n0); break;
-        case 6: tile<(MB >= 6 ? 6 : 1)>(xb, m0, pw, scale, c0, K, y, N, n0); break;
-        case 7: tile<(MB >= 7 ? 7 : 1)>(xb, m0, pw, scale, c0, K, y, N, n0); break;
-        case 8: tile<(MB >= 8 ? 8 : 1)>(xb, m0, pw, scale, c0, K, y, N, n0); break;
-        case 9: tile<(MB >= 9 ? 9 : 1)>(xb, m0, pw, scale, c0, K, y, N, n0); break;
-        case 10: tile<(MB >= 10 ? 10 : 1)>(xb, m0, pw, scale, c0, K, y, N, n0); break;
-        case 11: tile<(MB >= 11 ? 11 : 1)>(xb, m0, pw, scale, c0, K, y, N, n0); break;
-        default: tile<MB>(xb, m0, pw, scale, c0, K, y, N, n0); break;
-      }
-    }
-  }
-}
-
-// x [M, K] packed in blocks of MB rows (the last block: the rest), each transposed: block m0 is
-// [K, B] at xp + m0 K. A pass reads its block front to back beside the panel, and one row of x
-// stays one row (K floats: in L1 at one row, as it must be; padded to MB rows it spilled to L2
-// and 1 row ran 4% slower than the dot-product kernel instead of 6% faster).
-static void pack(const float* x, float* xp, int64_t M, int64_t K) {
-  for (int64_t m0 = 0; m0 < M; m0 += MB) {
-    const int64_t B = std::min<int64_t>(MB, M - m0);
-    for (int64_t k = 0; k < K; k++)
-      for (int64_t b = 0; b < B; b++) xp[m0 * K + k * B + b] = x[(m0 + b) * K + k];
-  }
-}
 
 // The product on the calling thread and XLA's pool: blocks of whole panels.
 template <typename T>

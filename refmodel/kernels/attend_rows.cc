@@ -1,0 +1,138 @@
+// Prefill attention: T queries per sequence over its contiguous keys and values, the scores
+// and the softmax of each block of query rows kept in the core's L2 instead of going through
+// memory, and both products in `panels.h`'s GEMM tile.
+//
+// q [B, T, K, G, H] (G query heads per KV head), k, v [B, K, S, H] (the cache, or the chunk's
+// own keys), lens int32 [B, T]: query t of sequence b sees keys at positions < lens[b, t]
+// (causal: its position + 1). out [B, T, K, G, H] = softmax(scale q.k over the seen keys) v,
+// float32 throughout. Every key's score is computed, seen or not (masked ones are then set
+// to -inf), as XLA's attention does and as the cost model counts (refmodel/counting.py:
+// masked pairs counted): skipping the blocks above the causal diagonal would halve a
+// prefill's attention work, and the count would have to say so.
+//
+// Per (sequence, KV head) the M = T G query rows (row t G + g) share the head's keys, so
+// attention is two GEMMs per row block: scores [R, S] = Q [R, H] K^T, then out [R, H] =
+// P [R, S] V. Keys are packed once per (sequence, KV head) as the scores' weight in panels,
+// kt [ceil(S / 32), H, 32] (32 keys side by side per dimension h), values as the output
+// product's, vt [ceil(H / 32), S, 32]; keys past S and dimensions past H are zeros. A job is
+// R rows of one (sequence, KV head): its scores (R x S floats) stay in L2 between the two
+// products, its softmax runs over each row's own seen keys (exp: common.h's `vexp`).
+//
+// Why: XLA:CPU ran the same attention (common.py's `attend_rows`: batched einsums over blocks
+// of 256 queries, the [B, K, G, 256, S] scores written, masked, soft-maxed and read back) at
+// 75 GFLOP/s for `medium`'s layer at T = S = 1024 (K = 8, G = 2, H = 64), where one of its
+// einsums alone ran at 174-229 and a 2-D GEMM of the same shape at 240-340 (2-core Zen 5).
+#include <cmath>
+#include <cstring>
+
+#include "panels.h"
+
+struct RowsArgs {
+  const float *q, *k, *v;
+  const int32_t* lens;
+  float* out;
+  int64_t B, T, K, G, H, S, SP, HP;  // SP, HP: S and H rounded up to whole panels
+  float scale;
+};
+
+// Keys and values of (b, kh) into panels: kt [SP / P, H, P], vt [HP / P, SP, P].
+static void pack_kv(const RowsArgs& a, int64_t b, int64_t kh, float* kt, float* vt) {
+  const float* kb = a.k + (b * a.K + kh) * a.S * a.H;
+  const float* vb = a.v + (b * a.K + kh) * a.S * a.H;
+  std::memset(kt, 0, sizeof(float) * a.SP * a.H);
+  std::memset(vt, 0, sizeof(float) * a.HP * a.SP);
+  for (int64_t s = 0; s < a.S; s++)
+    for (int64_t h = 0; h < a.H; h++) {
+      kt[((s / P) * a.H + h) * P + s % P] = kb[s * a.H + h];
+      vt[((h / P) * a.SP + s) * P + h % P] = vb[s * a.H + h];
+    }
+}
+
+// Rows r0 .. r0 + R of (b, kh) (row t G + g): scores, softmax, values, into out.
+static void rows_job(const RowsArgs& a, int64_t b, int64_t kh, int64_t r0, int64_t R,
+                     const float* kt, const float* vt) {
+  const int64_t H = a.H, SP = a.SP, HP = a.HP, G = a.G;
+  std::vector<float> x(R * std::max(H, SP)), s(R * SP), o(R * HP);
+  // the rows' queries, scaled, as x [R, H]; packed in blocks of MB rows
+  std::vector<float> qr(R * H);
+  for (int64_t r = 0; r < R; r++) {
+    const int64_t t = (r0 + r) / G, g = (r0 + r) % G;
+    const float* qs = a.q + (((b * a.T + t) * a.K + kh) * G + g) * H;
+    for (int64_t h = 0; h < H; h++) qr[r * H + h] = qs[h] * a.scale;
+  }
+  pack(qr.data(), x.data(), R, H);
+  for (int64_t p = 0; p < SP / P; p++) panel(x.data(), kt, (const float*)nullptr, s.data(), R, H, SP, p);
+  std::vector<float> sum(R);
+  for (int64_t r = 0; r < R; r++) {  // each row over its own seen keys; the rest exp -> 0
+    const int64_t t = (r0 + r) / G;
+    const int64_t n = std::clamp<int64_t>(a.lens[b * a.T + t], 1, a.S);
+    float* sr = s.data() + r * SP;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; j++) mx = std::max(mx, sr[j]);
+    for (int64_t j = n; j < SP; j++) sr[j] = -INFINITY;
+    vec acc = {};
+    for (int64_t j = 0; j < SP; j += VL) {
+      const vec e = vexp(*(vec*)(sr + j) - mx);
+      *(vec*)(sr + j) = e;
+      acc += e;
+    }
+    float total = 0.0f;
+    for (int64_t l = 0; l < VL; l++) total += acc[l];
+    sum[r] = total;
+  }
+  pack(s.data(), x.data(), R, SP);
+  for (int64_t c = 0; c < HP / P; c++) panel(x.data(), vt, (const float*)nullptr, o.data(), R, SP, HP, c);
+  for (int64_t r = 0; r < R; r++) {
+    const int64_t t = (r0 + r) / G, g = (r0 + r) % G;
+    float* dst = a.out + (((b * a.T + t) * a.K + kh) * G + g) * H;
+    const float inv = 1.0f / sum[r];
+    for (int64_t h = 0; h < H; h++) dst[h] = o[r * HP + h] * inv;
+  }
+}
+
+static ffi::Error AttendRows(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
+                             ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
+                             ffi::Buffer<ffi::S32> lens, ffi::ResultBuffer<ffi::F32> out,
+                             float scale) {
+  const auto qd = q.dimensions(), kd = k.dimensions(), ld = lens.dimensions();
+  if (qd.size() != 5 || kd.size() != 4 || ld.size() != 2 || v.dimensions().size() != 4)
+    return ffi::Error::InvalidArgument(
+        "attend_rows: q [B, T, K, G, H], k and v [B, K, S, H], lens [B, T]");
+  const int64_t B = qd[0], T = qd[1], K = qd[2], G = qd[3], H = qd[4], S = kd[2];
+  for (int i = 0; i < 4; i++)
+    if (v.dimensions()[i] != kd[i])
+      return ffi::Error::InvalidArgument("attend_rows: k and v of one shape");
+  if (kd[0] != B || kd[1] != K || kd[3] != H || ld[0] != B || ld[1] != T || S < 1)
+    return ffi::Error::InvalidArgument(
+        "attend_rows: k and v [B, K, S, H] with q's B, K and H; lens [B, T] with q's B, T");
+  const int64_t SP = (S + P - 1) / P * P, HP = (H + P - 1) / P * P;
+  const RowsArgs a{q.typed_data(), k.typed_data(), v.typed_data(), lens.typed_data(),
+                   out->typed_data(), B, T, K, G, H, S, SP, HP, scale};
+  // every (b, kh)'s keys and values in panels, then the row blocks: R rows of scores in
+  // ~256 KiB (at least one tile of MB rows, at most 4)
+  auto packed = std::make_shared<std::vector<float>>(B * K * (SP * H + HP * SP));
+  float* kv = packed->data();
+  const int64_t per = SP * H + HP * SP;
+  parallel_for(pool, B * K, [=](int64_t bk) {
+    pack_kv(a, bk / K, bk % K, kv + bk * per, kv + bk * per + SP * H);
+  });
+  const int64_t M = T * G;
+  const int64_t R = std::clamp<int64_t>((65536 / SP) / MB * MB, MB, 4 * MB);
+  const int64_t blocks = (M + R - 1) / R;
+  parallel_for(pool, B * K * blocks, [=](int64_t job) {
+    const int64_t bk = job / blocks, r0 = job % blocks * R;
+    const float* kt = kv + bk * per;
+    rows_job(a, bk / K, bk % K, r0, std::min(R, M - r0), kt, kt + SP * H);
+  });
+  return ffi::Error::Success();
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AttendRowsF32, AttendRows,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // q [B, T, K, G, H]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // k [B, K, S, H]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // v [B, K, S, H]
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // lens [B, T]
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // out [B, T, K, G, H]
+                                  .Attr<float>("scale"));
