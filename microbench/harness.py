@@ -15,7 +15,9 @@ when one argument is donated, a tuple otherwise).
 
 Public API:
     time_fn(fn, *args, min_sample_s=1e-3, warmup=2, target_cv=0.02, budget_s=2.0,
-            min_samples=5, max_samples=200, donate_argnums=(), clock=time.perf_counter) -> Timing
+            min_samples=5, max_samples=200, donate_argnums=(), carry=None, before=None,
+            clock=time.perf_counter) -> Timing
+    Evictor(nbytes=None)                (before=Evictor(): every call starts with cold caches)
     compile_fn(fn, *args, donate_argnums=()) -> jax.stages.Compiled
     summarize(samples) -> dict          (median, min, p10, p90, mean, cv)
     stop_reason(samples, elapsed_s, ...) -> str | None
@@ -149,13 +151,15 @@ def _runner(compiled, args: list, donate_argnums: Sequence[int], carry=None):
 def time_fn(fn: Callable, *args, min_sample_s: float = 1e-3, warmup: int = 2,
             target_cv: float = 0.02, budget_s: float = 2.0, min_samples: int = 5,
             max_samples: int = 200, donate_argnums: Sequence[int] = (),
-            carry: Callable | None = None,
+            carry: Callable | None = None, before: Callable[[], None] | None = None,
             clock: Callable[[], float] = time.perf_counter) -> Timing:
     """Time `fn(*args)` per call (see the module docstring for the method).
 
     `carry(out)` picks, from one call's output, the values fed back into the donated
     arguments of the next (default: the output itself), e.g. `lambda out: (out[1],)` for a
-    phase returning (logits, cache) with the cache donated.
+    phase returning (logits, cache) with the cache donated. `before()`, if given, runs
+    before every timed call, outside the clock (an `Evictor`: each call then starts with
+    cold caches), and every sample is one call.
     """
     compiled = compile_fn(fn, *args, donate_argnums=donate_argnums)
     run = _runner(compiled, _copy_donated(list(args), donate_argnums), donate_argnums, carry)
@@ -164,10 +168,12 @@ def time_fn(fn: Callable, *args, min_sample_s: float = 1e-3, warmup: int = 2,
     t0 = clock()  # calibrate: calls per sample so one sample lasts >= min_sample_s
     run(1)
     one = max(clock() - t0, 1e-9)
-    calls = max(1, int(np.ceil(min_sample_s / one)))
+    calls = 1 if before is not None else max(1, int(np.ceil(min_sample_s / one)))
     samples: list[float] = []
     start = clock()
     while True:
+        if before is not None:
+            before()
         t0 = clock()
         run(calls)
         samples.append((clock() - t0) / calls)
@@ -175,6 +181,26 @@ def time_fn(fn: Callable, *args, min_sample_s: float = 1e-3, warmup: int = 2,
                              min_samples=min_samples, max_samples=max_samples)
         if reason:
             return Timing(tuple(samples), calls, reason)
+
+
+class Evictor:
+    """Reads a buffer larger than every cache before a timed call, so that the call finds
+    none of its own data cached: what one layer's phase meets inside a real decode step,
+    where every other layer's weights pass through the caches between two of its calls.
+    `nbytes` defaults to 4x the last-level cache the OS reports (at least 128 MiB)."""
+
+    def __init__(self, nbytes: int | None = None):
+        import jax.numpy as jnp
+
+        if nbytes is None:
+            caches = sysinfo.aggregate_cache_bytes(sysinfo.cache_sizes(), len(sysinfo.affinity()))
+            nbytes = max(4 * max((c for _, c in caches), default=0), 128 << 20)
+        self.nbytes = int(nbytes) // 4 * 4
+        self._buf = jnp.ones((self.nbytes // 4,), jnp.float32)
+        self._read = jax.jit(jnp.max)
+
+    def __call__(self) -> None:
+        self._read(self._buf).block_until_ready()
 
 
 def rates(amount: float, timing: Timing | dict) -> dict:

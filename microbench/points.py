@@ -9,21 +9,26 @@ uses what `peaks` measured on the same machine (`prediction_inputs`):
     t_predicted = floor + max(FLOPs / (GEMM roof x c), bytes / (curve(working set) x m))
     measured / predicted = t_predicted / t_measured   (1.0 = on the roof; 0.5 = half of it)
 
-  * curve: the all-core read bandwidth at the phase's working-set size (weights + cache +
-    activations), interpolated on the measured working-set curve (microbench.hierarchy), so
-    the predicted time is continuous in bytes: no jump between cache levels. Past the curve,
-    main memory's read-only roof. (Without a native curve: the level that holds it.) The
-    arithmetic, the roofs chosen and the levels are microbench.roofline's.
+  * curve: for a warm point, the all-core read bandwidth at the phase's working-set size
+    (weights + cache + activations), interpolated on the measured working-set curve
+    (microbench.hierarchy), so the predicted time is continuous in bytes: no jump between
+    cache levels. Past the curve, main memory's read-only roof. (Without a native curve: the
+    level that holds it.) A cold point is predicted at main memory's read-only roof whatever
+    its working set. The arithmetic, the roofs chosen and the levels are microbench.roofline's.
   * floor: the measured dispatch cost plus the measured cost per kernel times the kernels of
     this compiled phase (microbench.overhead).
   * c, m: drift factors from the probes run just before and after the point
     (microbench.probe), relative to their values during the roof rounds; m applies to
     working sets beyond the last-level cache (main memory is what drifts).
 
-A point says whether it was timed warm (its working set fits the last-level cache, so repeated
-calls find it cached) or cold; a point above its roof by more than the roof's spread is
-flagged suspect, and a point outside +/-25% of its prediction carries a measured reason
-(`explain`).
+Decode phases are timed cold (`cold`, default): an `Evictor` reads a buffer of 4x the last-level
+cache before every call, outside the clock. Inside a real decode step a layer's weights and
+cache have been pushed out of the caches by every other layer's before it runs again, so a
+phase timed warm, repeating with its 20-40 MiB in a 32 MiB L3, measured a speed no step
+sees (bench's decode attention at batch 1 was predicted at 90-160 GB/s from the working-set
+curve and ran at 35-45). Prefill, compute-bound, is timed warm. A point says how it was
+timed; a point above its roof by more than the roof's spread is flagged suspect, and a point
+outside +/-25% of its prediction carries a measured reason (`explain`).
 
 The timed callable is `phases.jitted[phase]`, the object the compiler cross-check lowers too.
 Arguments come from `Phases.example_args` (the same the cross-check lowers): decode phases run
@@ -35,6 +40,7 @@ last slot and every call does the work of one step at that context.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import refmodel
 from microbench import harness, overhead, roofline
@@ -120,13 +126,21 @@ def drift_factors(before: dict | None, after: dict | None, reference: dict) -> d
     return out
 
 
+@functools.cache
+def evictor() -> harness.Evictor:
+    """One eviction buffer per process (4x the last-level cache, >= 128 MiB)."""
+    return harness.Evictor()
+
+
 def measure_point(phases: refmodel.Phases, phase: str, batch: int, context: int,
                   peaks: dict | None, timing: Budget = Budget(), label: str | None = None,
-                  probe=None, explain_outside: bool = False) -> dict:
+                  probe=None, explain_outside: bool = False, cold: bool | None = None) -> dict:
     """Time one phase at (batch, context) and put it beside its counted and predicted cost.
     With a `probe` (microbench.probe.Probe), the roofs are scaled to this moment's drift; with
-    `explain_outside`, a point outside the band gets a per-op breakdown (attach_breakdown)."""
+    `explain_outside`, a point outside the band gets a per-op breakdown (attach_breakdown).
+    `cold` (default: the decode phases) evicts the caches before every call (`evictor`)."""
     cfg = phases.cfg
+    cold = phase != "prefill" if cold is None else cold
     counted = costs.phase_costs(cfg, phase, batch, context)
     args = phases.example_args(phase, batch, context, fill=True)
     donate, carry = donation(phase)
@@ -134,7 +148,8 @@ def measure_point(phases: refmodel.Phases, phase: str, batch: int, context: int,
     before = probe.measure() if probe is not None else None
     t = harness.time_fn(compiled, *args, donate_argnums=donate, carry=carry,
                         budget_s=timing.budget_s, min_samples=timing.min_samples,
-                        target_cv=timing.target_cv, min_sample_s=timing.min_sample_s)
+                        target_cv=timing.target_cv, min_sample_s=timing.min_sample_s,
+                        before=evictor() if cold else None)
     after = probe.measure() if probe is not None else None
     tokens = batch * (context if phase == "prefill" else 1)
     point = {
@@ -150,18 +165,21 @@ def measure_point(phases: refmodel.Phases, phase: str, batch: int, context: int,
         "bytes_per_s": harness.rates(counted["bytes"], t),
         "tokens_per_s": harness.rates(tokens, t),
         "working_set_bytes": working_set_bytes(cfg, phase, batch, context, counted),
-        "kernels": overhead.count_kernels(compiled)["kernels"],
+        "kernels": overhead.count_kernels(compiled)["kernels"], "cold": cold,
     }
     del args, compiled
     if peaks is not None:
         inputs = prediction_inputs(peaks)
         llc = roofline.last_level_bytes(inputs.get("cache_capacities"))
+        ws = point["working_set_bytes"] / 2**20
         point["timed"] = (
-            f"warm: working set {point['working_set_bytes'] / 2**20:.1f} MiB fits the "
-            f"{llc / 2**20:.0f} MiB last-level cache, so repeated calls find it cached"
-            if point["working_set_bytes"] <= llc else
-            f"cold: working set {point['working_set_bytes'] / 2**20:.1f} MiB exceeds the "
-            f"{llc / 2**20:.0f} MiB last-level cache; it streams from main memory every call")
+            f"cold: the caches were evicted before every call ({evictor().nbytes / 2**20:.0f} "
+            f"MiB read), as a real step's other layers evict this one's data: its {ws:.1f} MiB "
+            "stream from main memory" if cold else
+            f"warm: working set {ws:.1f} MiB fits the {llc / 2**20:.0f} MiB last-level cache, "
+            "so repeated calls find it cached" if point["working_set_bytes"] <= llc else
+            f"warm, but its working set {ws:.1f} MiB exceeds the {llc / 2**20:.0f} MiB "
+            "last-level cache: it streams from main memory every call")
         factors = drift_factors(before, after, inputs["probe_reference"])
         point["drift"] = factors
         attach_prediction(point, inputs, factors)
@@ -177,7 +195,11 @@ def attach_prediction(point: dict, peaks: dict, factors: dict | None = None) -> 
     factors = factors or {"memory": 1.0, "compute": 1.0}
     comp = roofline.compute_roof(inputs["roofs"], point["dtype"])
     comp_now = {**comp, "value": comp["value"] * roofline.drift_cap(factors["compute"], comp)}
-    mem = roofline.bandwidth_at(inputs, point["working_set_bytes"], factors["memory"])
+    # a cold call finds nothing cached: main memory, whatever its working set
+    ws = float("inf") if point.get("cold") else point["working_set_bytes"]
+    mem = roofline.bandwidth_at(inputs, ws, factors["memory"])
+    if point.get("cold"):
+        mem = {**mem, "name": f"{mem['level']} (cold call: caches evicted)"}
     oh = inputs.get("overhead")
     floor = overhead.floor_s(oh, point.get("kernels", 0)) if oh else 0.0
     pred = roofline.predict(point["flops"], point["bytes"], comp_now, mem, floor)

@@ -269,6 +269,7 @@ def predict(flops: float, nbytes: float, compute: dict, memory: dict,
     return {"time_s": t, "bound": bound, "t_compute_s": t_compute, "t_memory_s": t_memory,
             "floor_s": floor_s, "compute_roof": compute["name"],
             "compute_flops_per_s": compute["value"], "memory_level": memory["level"],
+            "memory_roof": memory.get("name"),
             "memory_bytes_per_s": memory["value"], "flops_per_s": flops / t if t else None}
 
 

@@ -224,10 +224,11 @@ def validate_result(obj) -> dict:
 #     points   [point]: {sweep, sweeps?, variant, label, phase, batch, context, tokens, dtype,
 #              flops, bytes, weight_bytes, kv_bytes, act_bytes, intensity, ops: {op: counts},
 #              timing, flops_per_s, bytes_per_s, tokens_per_s, working_set_bytes,
-#              kernels (launched by the compiled phase), timed ("warm: ..." | "cold: ..."),
+#              kernels (launched by the compiled phase), cold (caches evicted before every
+#              call: the decode phases), timed ("warm: ..." | "cold: ..."),
 #              drift {memory, compute, before, after} (probe factors),
 #              predicted: {time_s, bound: compute|memory|overhead, floor_s, memory_level,
-#              flops_per_s, drift, ...} | absent, measured_over_predicted,
+#              memory_roof, flops_per_s, drift, ...} | absent, measured_over_predicted,
 #              suspect, reason (faster than its roof beyond the spreads),
 #              outside_reason (outside 0.75-1.25: measured), breakdown {top, rows} (full run)}
 #     modelled {throughput: [...], crossover: [...], kv: [...]}  (refmodel.costs on spec devices)

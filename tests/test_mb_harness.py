@@ -68,6 +68,25 @@ def test_time_fn_repeats_calls_to_reach_min_sample():
     assert timing.median == pytest.approx(1e-5)
 
 
+def test_time_fn_with_before_runs_it_untimed_before_every_one_call_sample():
+    """`before` (an evictor) runs before each sample, outside the clock, and a sample is one
+    call even where calibration would queue ten."""
+    calls = []
+    clock = _fake_clock([1e-4])
+    timing = harness.time_fn(_add_one, jnp.arange(8.0), clock=clock, min_samples=3,
+                             min_sample_s=1e-3, target_cv=0.01,
+                             before=lambda: calls.append(clock()))
+    assert timing.calls_per_sample == 1 and len(calls) == len(timing.samples) == 3
+    assert timing.median == pytest.approx(1e-4)  # the before's clock read is not in a sample
+
+
+def test_evictor_reads_a_buffer_of_at_least_128_mib():
+    ev = harness.Evictor()
+    assert ev.nbytes >= 128 << 20
+    ev()  # runs (a compiled read of the whole buffer)
+    assert harness.Evictor(1 << 20).nbytes == 1 << 20
+
+
 def test_time_fn_stops_on_budget_with_noisy_clock():
     # alternating 1 ms / 5 ms readings: CV never reaches the target, the budget ends it
     timing = harness.time_fn(_add_one, jnp.arange(8.0), clock=_fake_clock([1e-3, 5e-3]),

@@ -333,3 +333,18 @@ def test_flag_points_flags_only_points_above_their_roof():
     assert not small["suspect"]
     others = [p for p in ai if p is not low] + big[1:]
     assert not any(p["suspect"] for p in others)
+
+
+@pytest.mark.parametrize("with_hierarchy", [True, False])
+def test_a_cold_point_is_predicted_at_main_memory_whatever_its_working_set(with_hierarchy):
+    """Timed cold (caches evicted before every call), a phase's bytes come from main memory:
+    an L2- or L3-sized working set gets main memory's read roof, not the curve's cache
+    speed; the same point timed warm gets the cache's."""
+    res = peaks_result(with_hierarchy=with_hierarchy)
+    for ws in (256 << 10, 8 << 20, 1 << 30):
+        cold = points.attach_prediction({**point(ws), "cold": True}, res)["predicted"]
+        warm = predicted(res, ws)
+        assert cold["memory_bytes_per_s"] == pytest.approx(MAIN_READ)
+        assert cold["memory_level"] == "DRAM read" and "cold" in cold["memory_roof"]
+        if ws < 16 << 20:
+            assert warm["memory_bytes_per_s"] > 2 * MAIN_READ

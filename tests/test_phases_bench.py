@@ -71,6 +71,15 @@ def test_decode_ffn_intensity_grows_with_batch_in_the_saved_points(result):
     assert ffn[4] / ffn[1] == pytest.approx(4, rel=0.25)
 
 
+def test_decode_phases_are_timed_cold_and_prefill_warm(result):
+    """Every decode point is timed with the caches evicted before each call and says so; a
+    prefill point is timed warm."""
+    res, _ = result
+    for p in res["points"]:
+        cold = p["phase"] != "prefill"
+        assert p["cold"] is cold and p["timed"].startswith("cold" if cold else "warm")
+
+
 def test_the_timed_callable_is_the_phases_jitted_function(monkeypatch):
     """measure_point lowers exactly phases.jitted[phase], the callable the check lowers."""
     phases = refmodel.Phases(refmodel.init(refmodel.presets.get("tiny")))
