@@ -726,9 +726,10 @@ if race is not None:
 # the batch-1 decode attention as a multiply-and-sum (`attend_one_summed` in
 # `refmodel/attention/common.py`), a reduce that reads the written cache directly. With one
 # query head per KV head (MHA), where that sum is much slower than the einsum, and in MLA's
-# absorbed form, XLA's batch 1 still copies; a native model's GQA/MHA/MQA decode attends in
-# the serving engine's paged kernel (`refmodel/kernels/attend.cc`, the cache as one page per
-# sequence), which reads the cache in place. `tests/test_cache_in_place.py` checks that no copy is
+# absorbed form, XLA's batch 1 still copies; a native model's GQA/MHA/MQA and sliding-window
+# decode attends in the serving engine's paged kernel (`refmodel/kernels/attend.cc`, the cache
+# as one page per sequence), which reads the cache in place, and its prefill chunks in
+# `attend_rows.cc` (the scores of a block of query rows kept in L2 between two products). `tests/test_cache_in_place.py` checks that no copy is
 # left and keeps the trigger as a reproduction. Counted here, in this machine's compiled decode
 # step of the `tiny` preset (GQA; a copy of an array of a cache array's shape, in the optimized
 # HLO):
