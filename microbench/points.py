@@ -223,8 +223,8 @@ def attach_prediction(point: dict, peaks: dict, factors: dict | None = None) -> 
 
 def explain(point: dict, inputs: dict) -> str:
     """A measured reason for a point outside the band, from numbers in this run: the floor's
-    share, the compiler-reachable roofs (roofs.compiler), the slowest op when a breakdown was
-    measured (point["breakdown"])."""
+    share, the compiler-reachable roofs (roofs.compiler), the op losing the most time when a
+    breakdown was measured (point["breakdown"])."""
     pred, ratio = point["predicted"], point["measured_over_predicted"]
     t = point["timing"]["median"]
     parts = []
@@ -245,7 +245,11 @@ def explain(point: dict, inputs: dict) -> str:
                      f"the roof's {pred['compute_flops_per_s'] / 1e9:.0f}: against it measured/"
                      f"predicted = {t_c / t:.2f}")
     top = (point.get("breakdown") or {}).get("top")
-    if top:
+    if top and "lost_s" in top:
+        parts.append(f"most time lost in {top['op']}: {top['time_s'] * 1e3:.2f} ms "
+                     f"({top['share']:.0%} of the call) against {top['roof_s'] * 1e3:.2f} ms "
+                     f"at its roofs, at {top['achieved']}")
+    elif top:  # saved before the lost time was kept
         parts.append(f"slowest op {top['op']}: {top['time_s'] * 1e3:.2f} ms "
                      f"({top['share']:.0%} of the call) at {top['achieved']}")
     if ratio > BAND[1]:
@@ -257,16 +261,23 @@ def explain(point: dict, inputs: dict) -> str:
 
 def attach_breakdown(point: dict, phases: refmodel.Phases, peaks: dict) -> dict:
     """For a point outside the band: measure where its time goes (microbench.breakdown, a
-    profiler trace of a few calls), keep the slowest op with its achieved rate against the
-    roof it runs under, and rewrite `outside_reason` with it."""
+    profiler trace of a few calls), keep the op that loses the most time against its own
+    roofline time (at the point's roofs) with its achieved rate, and rewrite
+    `outside_reason` with it."""
     from microbench import breakdown
 
     inputs = prediction_inputs(peaks)
     bd = breakdown.measure_breakdown(phases, point["phase"], point["batch"], point["context"],
                                      calls=2, timing=Budget(budget_s=0.2, min_samples=3))
     rows = [r for r in bd["rows"] if r["time_s"] > 0]
-    top = rows[0]
     pred = point["predicted"]
+    for r in rows:  # each op's time at the point's own roofs, and what it spends beyond it
+        r["roof_s"] = max(r["flops"] / pred["compute_flops_per_s"],
+                          r["bytes"] / max(pred["memory_bytes_per_s"], 1.0))
+        r["lost_s"] = r["time_s"] - r["roof_s"]
+    # the op that loses the most time against its own roofline time: the largest op may run
+    # at its roof while the gap sits in the others
+    top = max(rows, key=lambda r: r["lost_s"])
     ridge_x = pred["compute_flops_per_s"] / max(pred["memory_bytes_per_s"], 1.0)
     if top["intensity"] and top["intensity"] >= ridge_x and top["gflops_per_s"]:
         achieved = (f"{top['gflops_per_s']:.1f} GFLOP/s = "
@@ -280,9 +291,9 @@ def attach_breakdown(point: dict, phases: refmodel.Phases, peaks: dict) -> dict:
         achieved = "no counted cost (layout or fused code)"
     point["breakdown"] = {
         "top": {"op": top["op"], "time_s": top["time_s"], "share": top["share"],
-                "achieved": achieved},
-        "rows": [{k: r[k] for k in ("op", "time_s", "share", "gflops_per_s", "gbytes_per_s")}
-                 for r in rows],
+                "roof_s": top["roof_s"], "lost_s": top["lost_s"], "achieved": achieved},
+        "rows": [{k: r[k] for k in ("op", "time_s", "share", "gflops_per_s", "gbytes_per_s",
+                                    "roof_s", "lost_s")} for r in rows],
         "unattributed_share": bd["unattributed_share"], "method": bd["method"]}
     point["outside_reason"] = explain(point, inputs)
     return point

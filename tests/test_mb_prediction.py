@@ -348,3 +348,34 @@ def test_a_cold_point_is_predicted_at_main_memory_whatever_its_working_set(with_
         assert cold["memory_level"] == "DRAM read" and "cold" in cold["memory_roof"]
         if ws < 16 << 20:
             assert warm["memory_bytes_per_s"] > 2 * MAIN_READ
+
+
+def test_a_reason_names_the_op_that_loses_the_most_time_not_the_slowest(monkeypatch):
+    """The largest op can run at its roof while the gap sits in another: the breakdown keeps
+    the op whose time exceeds its own roofline time (at the point's roofs) the most."""
+    from microbench import breakdown
+    from microbench.plots import claims
+
+    def row(op, t, flops, nbytes):
+        return {"op": op, "time_s": t, "share": t / 3e-3, "flops": flops, "bytes": nbytes,
+                "intensity": flops / nbytes if nbytes else None,
+                "gflops_per_s": flops / t / 1e9, "gbytes_per_s": nbytes / t / 1e9}
+
+    # big: 6e7 B in 2.0 ms, near its roof; small: 3e6 B in 1.0 ms, ~10x its roof
+    rows = [row("big", 2e-3, 1e6, 6e7), row("small", 1e-3, 1e5, 3e6)]
+    monkeypatch.setattr(breakdown, "measure_breakdown", lambda *a, **k: {
+        "rows": rows, "unattributed_share": 0.0, "method": "test"})
+    res = peaks_result()
+    p = points.attach_prediction({**point(1 << 30, nbytes=6.3e7, flops=1.1e6, t=3e-3),
+                                  "phase": "decode", "batch": 1, "context": 8}, res)
+    assert "outside_reason" in p
+    points.attach_breakdown(p, None, res)
+    top = p["breakdown"]["top"]
+    assert top["op"] == "small"
+    bw = p["predicted"]["memory_bytes_per_s"]
+    assert top["roof_s"] == pytest.approx(3e6 / bw) and top["lost_s"] == pytest.approx(
+        1e-3 - 3e6 / bw)
+    big = p["breakdown"]["rows"][0]
+    assert big["op"] == "big" and big["lost_s"] < top["lost_s"]
+    assert "most time lost in small: 1.00 ms" in p["outside_reason"]
+    assert claims.short_reason(p["outside_reason"]).startswith("most time lost in small")

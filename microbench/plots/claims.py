@@ -30,10 +30,11 @@ def products(points: Sequence[dict]) -> str:
 
 
 def short_reason(reason: str) -> str:
-    """The most specific clause of a point's measured reason (the slowest op, else what the
-    compiler's own kernel reaches, else the first clause), for a one-line footnote."""
+    """The most specific clause of a point's measured reason (the op losing the most time,
+    else what the compiler's own kernel reaches, else the first clause), for a one-line
+    footnote."""
     parts = [p.strip() for p in reason.split(";") if p.strip()]
-    pick = (next((p for p in parts if p.startswith("slowest op")), None)
+    pick = (next((p for p in parts if p.startswith(("most time lost", "slowest op"))), None)
             or next((p for p in parts if p.startswith("XLA's own")), None)
             or (parts[0] if parts else reason))
     return textwrap.shorten(pick, 120)

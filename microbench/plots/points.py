@@ -230,9 +230,10 @@ def phases_roofline_figure(results: Sequence[dict], title: str | None = None) ->
                  x=0.01, ha="left")  # left: the legend column on the right starts at the top
     prefill = next((p["context"] for p in points if p["phase"] == "prefill"), "?")
     decode = next((p["context"] for p in points if p["phase"] != "prefill"), "?")
-    ax.set_title(f"{roofline_claim(points)}\nBatch 1; prefill of {prefill} tokens; decode at "
-                 f"context {decode}; weight products: {products(points)}.  Error bars: "
-                 "p10-p90.", fontsize=10)
+    lines = [roofline_claim(points), f"Batch 1; prefill of {prefill} tokens; decode at "
+             f"context {decode}; weight products: {products(points)}.  Error bars: p10-p90."]
+    # wrapped: the legend's width (its roofs name their programs) decides the axes' width
+    ax.set_title("\n".join(textwrap.fill(line, 100) for line in lines), fontsize=10)
     fig.legend(*ax.get_legend_handles_labels(), loc="outside right upper", ncol=1,
                frameon=False, fontsize=8.5)
     notes.footnote(fig)
