@@ -7,7 +7,9 @@ benchmark does. Its counted cost per op comes from `refmodel.costs.phase_costs(.
 
 Method (which ran: the profiler trace; there is no fallback path in this module):
 
-1. The whole phase is timed with the harness (`harness.time_fn`), outside any profiler.
+1. The whole phase is timed with the harness (`harness.time_fn`), outside any profiler; like
+   a phase point (microbench.points), a decode phase is timed cold by default (`cold`: the
+   caches evicted before every call, the traced calls included).
 2. The same compiled executable runs `calls` more times under
    `jax.profiler.trace(dir, create_perfetto_trace=True)`. XLA:CPU's thunk executor records one
    event per executed thunk (a fusion, a dot, a copy, a custom kernel) whose `args.hlo_op` is
@@ -51,7 +53,7 @@ import jax
 
 import refmodel
 from microbench import harness
-from microbench.points import Budget, describe
+from microbench.points import Budget, describe, evictor
 from microbench.schema import KIND_BREAKDOWN
 from refmodel import costs
 from refmodel.phases import donation
@@ -244,13 +246,18 @@ def thunk_self_times(trace_events: list, module: str) -> tuple[dict, dict]:
             {"calls": len(runs), "busy_s": busy * 1e-6, "threads": len(by_tid)})
 
 
-def _traced_calls(compiled, args: list, donate: tuple, carry, calls: int, folder: str) -> list:
-    """Run `calls` calls under the profiler (after one warm-up) and return its events."""
+def _traced_calls(compiled, args: list, donate: tuple, carry, calls: int, folder: str,
+                  before=None) -> list:
+    """Run `calls` calls under the profiler (after one warm-up), each after `before()` if
+    given (an evictor: its events belong to another module and are not counted), and return
+    the trace's events."""
     args = harness._copy_donated(list(args), donate)
     run = harness._runner(compiled, args, donate, carry)
     run(1)
     with jax.profiler.trace(folder, create_perfetto_trace=True):
         for _ in range(calls):
+            if before is not None:
+                before()
             run(1)
     files = sorted(glob.glob(f"{folder}/**/perfetto_trace.json.gz", recursive=True))
     if not files:
@@ -276,7 +283,7 @@ def _rates(flops: float, nbytes: float, t: float) -> dict:
 
 def measure_breakdown(cfg_or_phases, phase: str, batch: int, context: int, *, calls: int = 5,
                       timing: Budget = DEFAULT_BUDGET, out: str | Path | None = None,
-                      seed: int = 0) -> dict:
+                      seed: int = 0, cold: bool | None = None) -> dict:
     """Per-op measured time of one phase beside its counted cost (see the module docstring).
 
     Returns {"kind", "model", "label", "phase", "batch", "context", "dtype", "whole": {time_s,
@@ -297,15 +304,18 @@ def measure_breakdown(cfg_or_phases, phase: str, batch: int, context: int, *, ca
     donate, carry = donation(phase)
     lowered = phases.jitted[phase].lower(*args)
     compiled = lowered.compile()
+    cold = phase != "prefill" if cold is None else cold  # as microbench.points times it
+    before = evictor() if cold else None
     whole = harness.time_fn(compiled, *args, donate_argnums=donate, carry=carry,
                             budget_s=timing.budget_s, min_samples=timing.min_samples,
-                            target_cv=timing.target_cv, min_sample_s=timing.min_sample_s)
+                            target_cv=timing.target_cv, min_sample_s=timing.min_sample_s,
+                            before=before)
     text = compiled.as_text()
     module = re.search(r"HloModule (\S+?)[,\s]", text).group(1)
     known = set(SCOPES) | set(counted["ops"])
     op_of, holds = instruction_ops(text, lowered.as_text(debug_info=True), known)
     with tempfile.TemporaryDirectory(prefix="breakdown-") as folder:
-        events = _traced_calls(compiled, list(args), donate, carry, calls, folder)
+        events = _traced_calls(compiled, list(args), donate, carry, calls, folder, before)
     per_instr, trace = thunk_self_times(events, module)
     if trace["calls"] == 0:
         raise RuntimeError(f"the profiler trace holds no thunk events of {module}: this "
@@ -335,7 +345,7 @@ def measure_breakdown(cfg_or_phases, phase: str, batch: int, context: int, *, ca
     result = {
         "kind": KIND_BREAKDOWN, "model": cfg.name, "label": describe(cfg),
         "attention": cfg.attention, "mla_absorb": cfg.mla_absorb, "phase": phase,
-        "batch": batch, "context": context, "dtype": cfg.dtype,
+        "batch": batch, "context": context, "dtype": cfg.dtype, "cold": cold,
         "method": "jax.profiler.trace: XLA:CPU thunk events mapped to named scopes via HLO "
                   "metadata; whole phase timed untraced by harness.time_fn",
         "whole": {"time_s": t_whole, "timing": whole.to_dict(), "flops": counted["flops"],

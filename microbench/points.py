@@ -268,7 +268,8 @@ def attach_breakdown(point: dict, phases: refmodel.Phases, peaks: dict) -> dict:
 
     inputs = prediction_inputs(peaks)
     bd = breakdown.measure_breakdown(phases, point["phase"], point["batch"], point["context"],
-                                     calls=2, timing=Budget(budget_s=0.2, min_samples=3))
+                                     calls=2, timing=Budget(budget_s=0.2, min_samples=3),
+                                     cold=point.get("cold", False))
     rows = [r for r in bd["rows"] if r["time_s"] > 0]
     pred = point["predicted"]
     for r in rows:  # each op's time at the point's own roofs, and what it spends beyond it

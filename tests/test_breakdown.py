@@ -43,6 +43,22 @@ def result(request, phases, tmp_path_factory):
     return res
 
 
+def test_decode_is_broken_down_cold_and_prefill_warm_as_the_points_time_them(result, phases,
+                                                                            monkeypatch):
+    """A decode breakdown evicts the caches before every call, its traced calls included (the
+    phase point's regime); a prefill's does not; cold=False turns the eviction off."""
+    assert result["cold"] is (result["phase"] != "prefill")
+    if result["phase"] == "decode" and result["batch"] == 1:
+        evictions = []
+        monkeypatch.setattr(bd, "evictor", lambda: lambda: evictions.append(1))
+        res = bd.measure_breakdown(phases, "decode", 1, 8, calls=3, timing=FAST)
+        samples = len(res["whole"]["timing"]["samples"])
+        assert res["cold"] and len(evictions) == samples + 3  # the timed and the traced calls
+        evictions.clear()
+        assert bd.measure_breakdown(phases, "decode", 1, 8, calls=3, timing=FAST,
+                                    cold=False)["cold"] is False and not evictions
+
+
 def test_ops_found_are_the_counted_ops(result):
     counted = costs.phase_costs(refmodel.presets.get("tiny"), result["phase"],
                                 result["batch"], result["context"])["ops"]

@@ -21,6 +21,9 @@ def add_args(p) -> None:
     p.add_argument("--matmul", help="how the weight products run: xla (default), output-major "
                    "or native (refmodel.kernels; ModelConfig.matmul)")
     p.add_argument("--calls", type=int, default=5, help="traced calls (default 5)")
+    p.add_argument("--warm", action="store_true",
+                   help="time a decode phase with its data left in the caches between calls "
+                        "(default: evicted before every call, as the phase points time it)")
     p.add_argument("--budget", type=float, default=1.0,
                    help="seconds to time the whole phase (default 1)")
     p.add_argument("--out", default="results/microbench/breakdown", help="output folder")
@@ -96,7 +99,7 @@ def run(args) -> int:
     with output_set(args.out) as out:  # breakdown.json and .png: one set
         result = measure_breakdown(config(args), args.phase, args.batch, args.context,
                                    calls=args.calls, timing=Budget(budget_s=args.budget),
-                                   out=out)
+                                   out=out, cold=False if args.warm else None)
         wrote = [Path(args.out) / "breakdown.json"]
         if not args.no_plot:
             from microbench.plots.breakdown import save_breakdown_figure
