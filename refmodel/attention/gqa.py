@@ -173,8 +173,9 @@ class GroupedQueryAttention(AttentionLayer):
 
     @classmethod
     def kernel_attends(cls, cfg: ModelConfig) -> bool:
-        """A decode step attends in the native kernel: a native model (`matmul="native"`) in
-        the kernel's case (`plain_softmax`)."""
+        """A step attends in the native kernels (decode: `attend.cc`; a chunk of queries:
+        `attend_rows.cc`): a native model (`matmul="native"`) in their case
+        (`plain_softmax`)."""
         return cfg.matmul == "native" and cls.plain_softmax(cfg)
 
     def reads_pages(self) -> bool:
