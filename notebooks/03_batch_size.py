@@ -179,8 +179,9 @@ display(plots.batch_figure([result]))
 display(plots.throughput_figure([result]))
 
 # %% [markdown]
-# Above: this run (quick mode: the `small` preset, 20 MB of float32 weights that fit the
-# last-level cache, and steps short enough for a fixed per-call cost to matter). Below, for
+# Above: this run (quick mode: the `small` preset, 20 MB of float32 weights, small enough to
+# fit the last-level cache but timed, like every decode phase, after the caches are evicted;
+# its steps are short enough for a fixed per-call cost to matter). Below, for
 # comparison: the committed full-size figure (`figures/batch.png`, drawn by
 # `python -m microbench figures` from `figures/data/phases.json`: the `bench` preset, its
 # weights in DRAM).
