@@ -9,6 +9,12 @@ it is most of the time. Both are measured here with the project's harness:
   * per kernel: a chain of N dependent 8x8 matrix products (each its own kernel, none fused
     with another) timed at N = 1 and N = 65; the slope is the cost of one kernel.
 
+Both again cold: with the caches evicted before every call (`harness.Evictor`), as the
+decode phases are timed (microbench.points), the runtime's own code and data and each kernel's
+code come from main memory. On a 2-core Zen 5: dispatch 4 us warm, 59-86 us cold; per kernel
+0.45-0.48 us warm, ~4 us cold (`python -m microbench peaks` saves both): a cold decode phase of
+a hundred kernels pays ~0.5 ms that no roof accounts for. A cold point's floor is the cold one.
+
 `count_kernels(compiled)` counts the kernels of a compiled phase from its optimised HLO (the
 ENTRY computation's instructions that launch work: fusions, dots, copies, custom calls ...;
 parameters, constants, tuples and bitcasts launch nothing). A `while` loop counts as one
@@ -70,24 +76,42 @@ def _chain(x, ws):
     return x
 
 
-def measure(budget_s: float = 0.3) -> dict:
-    """Dispatch seconds per call and launch seconds per kernel, with the method."""
+def measure(budget_s: float = 0.3, cold: bool = True) -> dict:
+    """Dispatch seconds per call and launch seconds per kernel, with the method; with `cold`,
+    both again with the caches evicted before every call (cold_dispatch_s, cold_per_kernel_s)."""
     import jax.numpy as jnp
 
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal(16, dtype=np.float32))
-    t_dispatch = harness.time_fn(lambda a: a + 1, x, budget_s=budget_s, min_samples=5)
     m = jnp.asarray(rng.standard_normal((8, 8), dtype=np.float32))
     ws = [jnp.asarray(0.3 * rng.standard_normal((8, 8), dtype=np.float32)) for _ in range(CHAIN)]
-    one = harness.time_fn(_chain, m, ws[:1], budget_s=budget_s, min_samples=5)
-    many = harness.time_fn(_chain, m, ws, budget_s=budget_s, min_samples=5)
-    per_op = max(0.0, (many.median - one.median) / (CHAIN - 1))
-    return {"dispatch_s": t_dispatch.median, "per_kernel_s": per_op,
-            "chain_kernels": CHAIN, "chain_1_s": one.median, "chain_n_s": many.median,
-            "method": "dispatch: compiled x + 1 on 16 floats; per kernel: slope of a chain of "
-                      f"dependent 8x8 products between 1 and {CHAIN} kernels"}
+
+    def floor(before=None) -> tuple:
+        kw = {"budget_s": budget_s, "min_samples": 5, "before": before}
+        dispatch = harness.time_fn(lambda a: a + 1, x, **kw)
+        one = harness.time_fn(_chain, m, ws[:1], **kw)
+        many = harness.time_fn(_chain, m, ws, **kw)
+        return dispatch.median, max(0.0, (many.median - one.median) / (CHAIN - 1)), one, many
+
+    dispatch, per_op, one, many = floor()
+    out = {"dispatch_s": dispatch, "per_kernel_s": per_op,
+           "chain_kernels": CHAIN, "chain_1_s": one.median, "chain_n_s": many.median,
+           "method": "dispatch: compiled x + 1 on 16 floats; per kernel: slope of a chain of "
+                     f"dependent 8x8 products between 1 and {CHAIN} kernels"}
+    if cold:
+        evict = harness.Evictor()
+        dispatch, per_op, one, many = floor(evict)
+        out.update({"cold_dispatch_s": dispatch, "cold_per_kernel_s": per_op,
+                    "cold_chain_1_s": one.median, "cold_chain_n_s": many.median})
+        out["method"] += (f"; cold: the same with {evict.nbytes / 2**20:.0f} MiB read before "
+                          "every call (the caches evicted, as a cold phase point is timed)")
+        del evict
+    return out
 
 
-def floor_s(overhead: dict, kernels: int) -> float:
-    """The per-call floor of a phase with `kernels` kernels."""
+def floor_s(overhead: dict, kernels: int, cold: bool = False) -> float:
+    """The per-call floor of a phase with `kernels` kernels; a `cold` call's (caches evicted
+    before it) from the cold measurement where the file has one."""
+    if cold and "cold_dispatch_s" in overhead:
+        return overhead["cold_dispatch_s"] + kernels * overhead["cold_per_kernel_s"]
     return overhead["dispatch_s"] + kernels * overhead["per_kernel_s"]

@@ -124,3 +124,25 @@ def test_count_kernels_counts_a_while_body_once():
 def test_floor_is_dispatch_plus_kernels_times_per_kernel(kernels):
     oh = {"dispatch_s": 5e-6, "per_kernel_s": 2e-7}
     assert overhead.floor_s(oh, kernels) == pytest.approx(5e-6 + kernels * 2e-7)
+
+
+def test_a_cold_floor_is_the_cold_measurement_where_the_file_has_one():
+    """A cold point (caches evicted before every call) pays the cold dispatch and per-kernel
+    cost; a warm one the warm; a file without the cold fields (older) gives the warm floor."""
+    oh = {"dispatch_s": 5e-6, "per_kernel_s": 2e-7, "cold_dispatch_s": 7e-5,
+          "cold_per_kernel_s": 4e-6}
+    assert overhead.floor_s(oh, 10) == pytest.approx(5e-6 + 10 * 2e-7)
+    assert overhead.floor_s(oh, 10, cold=True) == pytest.approx(7e-5 + 10 * 4e-6)
+    old = {"dispatch_s": 5e-6, "per_kernel_s": 2e-7}
+    assert overhead.floor_s(old, 10, cold=True) == overhead.floor_s(old, 10)
+
+
+def test_measure_times_the_floor_warm_and_cold():
+    """Both floors measured, as positive seconds, with the method naming the eviction; and
+    without `cold` only the warm ones (what a quick caller may ask for)."""
+    got = overhead.measure(budget_s=0.02)
+    for key in ("dispatch_s", "cold_dispatch_s", "chain_1_s", "cold_chain_1_s"):
+        assert got[key] > 0, key
+    assert got["per_kernel_s"] >= 0 and got["cold_per_kernel_s"] >= 0
+    assert "MiB read before every call" in got["method"]
+    assert "cold_dispatch_s" not in overhead.measure(budget_s=0.02, cold=False)

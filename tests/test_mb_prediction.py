@@ -350,6 +350,20 @@ def test_a_cold_point_is_predicted_at_main_memory_whatever_its_working_set(with_
             assert warm["memory_bytes_per_s"] > 2 * MAIN_READ
 
 
+def test_a_cold_point_pays_the_cold_floor():
+    """A cold point's floor is the cold dispatch and per-kernel cost (microbench.overhead),
+    a warm point's the warm one: the same kernels, the floor each way of timing meets."""
+    oh = {"dispatch_s": 5e-6, "per_kernel_s": 1e-6, "cold_dispatch_s": 8e-5,
+          "cold_per_kernel_s": 4e-6}
+    res = peaks_result(overhead=oh)
+    p = {**point(1 << 30), "kernels": 10}
+    cold = points.attach_prediction({**p, "cold": True}, res)["predicted"]
+    warm = points.attach_prediction(dict(p), res)["predicted"]
+    assert cold["floor_s"] == pytest.approx(8e-5 + 10 * 4e-6)
+    assert warm["floor_s"] == pytest.approx(5e-6 + 10 * 1e-6)
+    assert cold["time_s"] - warm["time_s"] == pytest.approx(cold["floor_s"] - warm["floor_s"])
+
+
 def test_a_reason_names_the_op_that_loses_the_most_time_not_the_slowest(monkeypatch):
     """The largest op can run at its roof while the gap sits in another: the breakdown keeps
     the op whose time exceeds its own roofline time (at the point's roofs) the most."""
