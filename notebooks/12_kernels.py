@@ -688,10 +688,11 @@ if race is not None:
 # rate while streaming. The earlier kernel could not: it took dot products of rows of an
 # [N, K] weight with rows of x and summed each output across its lanes, and batch 8 was where
 # it fell below its roof. The panel kernel of step 4 broadcasts x, keeps up to 12 x 32 outputs
-# in registers (8 x 32 when the numbers below were taken) and never sums across lanes. The comment at the top of `rows.cc` records, on a
-# 2-core Zen 4 with the weight in L2, about 204 GFLOP/s at 8 rows against 150 for the earlier
-# kernel. Whether that brings batch 8 to its roof while the weights stream from memory, the
-# race in step 5 says (if it was run with the panel kernel: step 5 prints which).
+# in registers (8 x 32 when the numbers below were taken) and never sums across lanes. The
+# comment at the top of `rows.cc` records, on a 2-core Zen 4 with the weight in L2, about 204
+# GFLOP/s at 8 rows against 150 for the earlier kernel. Whether that brings batch 8 to its
+# roof while the weights stream from memory, the race in step 5 says (if it was run with the
+# panel kernel: step 5 prints which).
 # `python -m microbench breakdown --model llama-309m --batch 8 --matmul native` shows where
 # such a step's time goes. From the committed data:
 
@@ -728,8 +729,10 @@ if race is not None:
 # query head per KV head (MHA), where that sum is much slower than the einsum, and in MLA's
 # absorbed form, XLA's batch 1 still copies; a native model's GQA/MHA/MQA and sliding-window
 # decode attends in the serving engine's paged kernel (`refmodel/kernels/attend.cc`, the cache
-# as one page per sequence), which reads the cache in place, and its prefill chunks in
-# `attend_rows.cc` (the scores of a block of query rows kept in L2 between two products). `tests/test_cache_in_place.py` checks that no copy is
+# as one page per sequence), which reads the cache in place, its prefill chunks in
+# `attend_rows.cc` (the scores of a block of query rows kept in L2 between two products), and
+# its absorbed MLA decode in `latent.cc` (both absorbs and the attention over the latents in
+# one call, wkv_b read as stored). `tests/test_cache_in_place.py` checks that no copy is
 # left and keeps the trigger as a reproduction. Counted here, in this machine's compiled decode
 # step of the `tiny` preset (GQA; a copy of an array of a cache array's shape, in the optimized
 # HLO):

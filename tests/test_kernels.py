@@ -419,3 +419,87 @@ def test_sharding_refuses_output_major_weights():
     model = refmodel.init(tiny(matmul="output-major"), seed=0)
     with pytest.raises(ValueError, match="shard takes matmul='xla' models.*'output-major'"):
         parallel.shard(model, parallel.make_mesh(1, 1, 1))
+
+
+def latent_oracle(qn, qr, w, lat, kr, lens, scale):
+    """Absorbed MLA decode in float64 numpy, written as the einsums of its definition."""
+    qn, qr, w, lat, kr = (np.asarray(a, np.float64) for a in (qn, qr, w, lat, kr))
+    P = qn.shape[-1]
+    s = scale * (np.einsum("bnp,rnp,bsr->bns", qn, w[..., :P], lat)
+                 + np.einsum("bnq,bsq->bns", qr, kr))
+    s = np.where(np.arange(lat.shape[1]) < np.asarray(lens)[:, None, None], s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return np.einsum("bns,bsr,rnu->bnu", p / p.sum(-1, keepdims=True), lat, w[..., P:])
+
+
+@settings(max_examples=15, deadline=None)
+@given(B=st.integers(1, 3), N=st.integers(1, 7), P=st.sampled_from([1, 8, 16, 20]),
+       Q=st.sampled_from([2, 6, 16, 32]), U=st.sampled_from([1, 7, 16, 33]),
+       R=st.sampled_from([1, 16, 24, 64, 72]), S=st.integers(1, 600), seed=st.integers(0, 2**16))
+def test_latent_attention_equals_the_absorbed_einsums(B, N, P, Q, U, R, S, seed):
+    """The absorbed MLA decode kernel (latent.cc) against float64 numpy: head counts past the
+    groups of 3 the values pass holds, latent ranks past its blocks of 4 vectors and inside a
+    vector, keys in one to three chunks of 256 and inside a block of 16, each row its own
+    length (any 1..S). Scores spread wide enough for large exps."""
+    from refmodel.kernels.latent import attend_latent
+
+    rng = np.random.default_rng(seed)
+    qn = rng.standard_normal((B, N, P)).astype(np.float32)
+    qr = (2 * rng.standard_normal((B, N, Q))).astype(np.float32)
+    w = (rng.standard_normal((R, N, P + U)) / np.sqrt(R)).astype(np.float32)
+    lat = (3 * rng.standard_normal((B, S, R))).astype(np.float32)
+    kr = rng.standard_normal((B, S, Q)).astype(np.float32)
+    lens = rng.integers(1, S + 1, B).astype(np.int32)
+    scale = float((P + Q) ** -0.5)
+    got = jax.jit(attend_latent, static_argnums=6)(qn, qr, w, lat, kr, lens, scale)
+    np.testing.assert_allclose(np.asarray(got), latent_oracle(qn, qr, w, lat, kr, lens, scale),
+                               rtol=2e-5, atol=2e-5)
+
+
+def test_latent_attention_refuses_wrong_shapes_and_dtypes():
+    from refmodel.kernels.latent import attend_latent
+
+    qn, qr = jnp.zeros((2, 3, 4), jnp.float32), jnp.zeros((2, 3, 2), jnp.float32)
+    w, lat, kr = (jnp.zeros(s, jnp.float32) for s in ((8, 3, 6), (2, 5, 8), (2, 5, 2)))
+    lens = jnp.ones((2,), jnp.int32)
+    for args in [(qn.astype(jnp.bfloat16), qr, w, lat, kr, lens), (qn, qr, w[:, :2], lat, kr,
+                 lens), (qn, qr, w, lat[..., :7], kr, lens), (qn, qr, w, lat, kr[..., :1],
+                 lens), (qn, qr, w, lat, kr, lens[:1]), (qn, qr, w[..., :4], lat, kr, lens)]:
+        with pytest.raises(ValueError, match=r"attend_latent: float32 q_nope \[B, N, P\]"):
+            attend_latent(*args, 1.0)
+
+
+def test_native_absorbed_mla_is_golden_and_decodes_in_the_latent_kernel():
+    """Absorbed MLA with matmul='native': a prefill of 3 tokens (XLA's absorbed einsums) then
+    token-by-token decode at batch 2 (the latent kernel, one call per layer) equal the XLA
+    model's full forward; the XLA model's decode has no such call."""
+    cfg = tiny(attention="mla", mla_absorb=True, n_layers=2)
+    xla = refmodel.init(cfg, seed=0)
+    native = kernels.use_native(xla)
+    toks = tokens(cfg, 2, 12, seed=1)
+    got, want = incremental_logits(native, toks, [3]), refmodel.forward(xla, toks)
+    assert_logits_close(got, want, tol=3e-5)
+    np.testing.assert_array_equal(np.asarray(got.argmax(-1)), np.asarray(want.argmax(-1)))
+    attn = native.blocks[0].attn  # the 3-D projections in panels, wkv_b as declared
+    assert isinstance(attn.wo[...], kernels.Panels) and attn.wo[...].declared == (
+        cfg.n_heads, cfg.v_head_dim, cfg.d_model)
+    assert not isinstance(attn.wkv_b[...], kernels.Panels)
+    for model, calls in ((native, 2), (xla, 0)):
+        phases = refmodel.Phases(model)
+        text = phases.jitted["decode"].lower(*phases.example_args("decode", 2, 5)).as_text()
+        assert text.count(build.TARGETS["AttendLatentF32"]) == calls
+
+
+@pytest.mark.parametrize("shape, contract", [((24, 3, 8), 1), ((3, 8, 24), 2), ((5, 2, 3, 7), 2)])
+def test_a_weight_over_several_axes_is_the_panels_of_its_matrix(shape, contract):
+    """MLA's wq [D, N, H] (one input axis) and wo [N, U, D] (two): stored as the matrix
+    [prod(inputs), prod(outputs)] in panels, multiplied by the kernel as x [..., K] @ w, and
+    dequantized to the declared shape."""
+    w = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    stored = kernels.Panels.of(jnp.asarray(w), 0, contract)
+    k = int(np.prod(shape[:contract]))
+    assert stored.shape == (k, w.size // k) and stored.declared == shape
+    np.testing.assert_array_equal(np.asarray(stored.dequantize()), w)
+    x = np.random.default_rng(1).standard_normal((3, k)).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(jnp.asarray(x) @ stored), x @ w.reshape(k, -1),
+                               rtol=1e-5, atol=1e-5)

@@ -54,6 +54,7 @@ from refmodel.attention import register
 from refmodel.attention.base import AttentionLayer
 from refmodel.attention.common import (
     ATTN_SOFTMAX_FLOPS,
+    KERNEL_SCOPE,
     NEG_INF,
     ROPE_FLOPS,
     attend,
@@ -64,11 +65,16 @@ from refmodel.attention.common import (
 )
 from refmodel.config import ModelConfig, non_negative, positive
 from refmodel.counting import Cost, Dtypes, matmul
+from refmodel.kernels.latent import attend_latent
+from refmodel.kernels.rows import Panels
 from refmodel.layers import NORM_FLOPS as _NORM_FLOPS
 from refmodel.layers import param
 from refmodel.quant import cache_read, cache_zeros, dense
 
 NORM_FLOPS = _NORM_FLOPS["rmsnorm"]  # the q and kv latent RMSNorms, per element
+# The native decode kernel holds both absorbs and the attention (microbench.breakdown charges
+# its one custom call with all four ops' counted cost)
+LATENT_SCOPE = "absorb+" + KERNEL_SCOPE
 
 
 @struct.dataclass
@@ -88,6 +94,9 @@ class MultiHeadLatentAttention(AttentionLayer):
     # wo [N, U, D] takes two input axes; the 3-D weights enter einsums dequantized.
     MATRICES = {"wq_a": (0, 1), "wq_b": (0, 1), "wq": (0, 1), "wkv_a": (0, 1), "wkv_b": (0, 1),
                 "wo": (0, 2)}
+    # A native model keeps wkv_b as declared: the decode kernel reads it in place (kernels/
+    # latent.cc), and the other forms slice it; the other matrices go to the kernel's panels.
+    IN_PLACE = ("wkv_b",)
     # Options of the softmax variants this implementation does not have.
     UNSUPPORTED = ("attn_bias", "qk_norm", "attn_out_gate", "attn_sinks", "attn_softcap",
                    "query_scale")
@@ -135,9 +144,9 @@ class MultiHeadLatentAttention(AttentionLayer):
         with jax.named_scope("qkv_proj"):
             if cfg.q_lora_rank > 0:
                 cq = self.q_norm(x @ self.wq_a[...])  # [B, T, Y]
-                q = jnp.einsum("BTY,YNH->BTNH", cq, dense(self.wq_b[...]))  # [B, T, N, H]
+                q = to_heads(cq, self.wq_b[...])  # [B, T, N, H]
             else:
-                q = jnp.einsum("BTD,DNH->BTNH", x, dense(self.wq[...]))  # [B, T, N, H]
+                q = to_heads(x, self.wq[...])  # [B, T, N, H]
             kv = x @ self.wkv_a[...]  # [B, T, R + Q]
             latent = self.kv_norm(kv[..., :R])  # [B, T, R]
         q_nope, q_rope, k_rope = q[..., :P], q[..., P:], kv[..., R:]
@@ -146,6 +155,13 @@ class MultiHeadLatentAttention(AttentionLayer):
                 q_rope = rope(q_rope, positions, cfg.qk_rope_dim, cfg.rope_theta)
                 k_rope = rope(k_rope, positions, cfg.qk_rope_dim, cfg.rope_theta)
         return q_nope, q_rope, latent, k_rope
+
+    @staticmethod
+    def kernel_attends(cfg: ModelConfig) -> bool:
+        """A decode step attends in the native kernel (`kernels/latent.cc`): a native model
+        (`matmul="native"`), absorbed, float32 with a float cache."""
+        return (cfg.matmul == "native" and cfg.mla_absorb and cfg.dtype == "float32"
+                and cfg.kv_format == "none")
 
     @property
     def scale(self) -> float:
@@ -197,13 +213,24 @@ class MultiHeadLatentAttention(AttentionLayer):
             with jax.named_scope("kv_write"):  # each row at its own start if start is [B]
                 cache = MLACache(latent=write_at(cache.latent, latent, start, 1),
                                  k_rope=write_at(cache.k_rope, k_rope, start, 1))
-            k_pos = jnp.arange(cache.latent.shape[1], dtype=jnp.int32)  # [S]
+            B, T, S = x.shape[0], x.shape[1], cache.latent.shape[1]
+            if T == 1 and self.kernel_attends(self.cfg):
+                # A native model's decode: both absorbs and the attention in one kernel, wkv_b
+                # and the cache read where they lie (`bench`, batch 8, context 1024, caches
+                # evicted, 2-core Zen 5: see latent.cc's header for XLA's 7.2 ms).
+                lens = jnp.broadcast_to(jnp.minimum(start + 1, S), (B,))  # keys seen per row
+                with jax.named_scope(LATENT_SCOPE):
+                    o = attend_latent(q_nope[:, 0], q_rope[:, 0], dense(self.wkv_b[...]),
+                                      cache.latent, cache.k_rope, lens, self.scale)
+                with jax.named_scope("out_proj"):
+                    return from_heads(o[:, None], self.wo[...]), cache
+            k_pos = jnp.arange(S, dtype=jnp.int32)  # [S]
             core = self.absorbed if self.cfg.mla_absorb else self.naive
             o = core(q_nope, q_rope, cache_read(cache.latent, x.dtype),
                      cache_read(cache.k_rope, x.dtype),
                      causal_mask(positions, k_pos))  # mask [T, S] or [B, T, S]
         with jax.named_scope("out_proj"):
-            return jnp.einsum("BTNU,NUD->BTD", o, dense(self.wo[...])), cache  # [B, T, D]
+            return from_heads(o, self.wo[...]), cache  # [B, T, D]
 
     def sharding(self, mesh_shape: dict) -> dict[str, tuple]:
         """Heads split over "tensor" (the up-projections and the output, row-parallel: one
@@ -272,6 +299,21 @@ class MultiHeadLatentAttention(AttentionLayer):
                "out_proj": matmul(BT, N * U, D, dt)}
         core = absorbed_costs if cfg.mla_absorb else naive_costs
         return {**ops, **core(cfg, batch, new, keys, dt)}
+
+
+def to_heads(x: jax.Array, w) -> jax.Array:
+    """x [B, T, D] times w [D, N, H] -> [B, T, N, H]: the native kernel's product where w is
+    stored in its panels (a native model), else an einsum."""
+    if isinstance(w, Panels):
+        return (x @ w).reshape(*x.shape[:-1], *w.declared[1:])
+    return jnp.einsum("BTD,DNH->BTNH", x, dense(w))
+
+
+def from_heads(o: jax.Array, w) -> jax.Array:
+    """o [B, T, N, U] times w [N, U, D] -> [B, T, D], as `to_heads`."""
+    if isinstance(w, Panels):
+        return o.reshape(*o.shape[:-2], -1) @ w
+    return jnp.einsum("BTNU,NUD->BTD", o, dense(w))
 
 
 def latent_bytes(cfg: ModelConfig, tokens: float, dt: Dtypes, rope_key: bool = True) -> float:

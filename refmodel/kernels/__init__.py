@@ -67,8 +67,10 @@ def convert(model: nnx.Module, native: bool = True) -> nnx.Module:
     """Replace, in place, every float32 matrix [*lead, K, N] the modules declare (`MATRICES`)
     by its `Panels` form (the native kernel's layout), or with native=False its `OutputMajor`
     form (multiplied by XLA only); with native=True an int8 `quant.Quantized` matrix becomes
-    int8 `Panels` too. Other weights (float8, int4, int8 with int8 activations, products over
-    several axes taken by einsum) stay as they are."""
+    int8 `Panels` too; a float32 weight declared over several axes ([D, N, H], [N, U, D])
+    becomes the `Panels` of its matrix (native only). Other weights (float8, int4, int8 with
+    int8 activations or several axes, what a module's `IN_PLACE` names: a kernel reads it as
+    declared) stay as they are."""
     from refmodel.quant import Quantized, matrices
 
     if native and not load():
@@ -76,11 +78,15 @@ def convert(model: nnx.Module, native: bool = True) -> nnx.Module:
                            f"here: {why_not()}; use matmul='xla'")
     for _, module in nnx.iter_modules(model):
         for name, (lead, contract) in matrices(module).items():
+            if name in getattr(type(module), "IN_PLACE", ()):
+                continue
             value = getattr(module, name)[...]
-            if (not isinstance(value, (OutputMajor, Panels)) and hasattr(value, "ndim")
-                    and contract == 1 and value.ndim == lead + 2):
+            plain = not isinstance(value, (OutputMajor, Panels)) and hasattr(value, "ndim")
+            if plain and contract == 1 and value.ndim == lead + 2:
                 form = Panels if native else OutputMajor
                 setattr(module, name, nnx.Param(form.of(value, lead, contract)))
+            elif plain and native and lead == 0 and value.ndim > 2:
+                setattr(module, name, nnx.Param(Panels.of(value, lead, contract)))
             elif (native and isinstance(value, Quantized) and value.fmt == "int8"
                   and not value.acts and value.contract == 1
                   and len(value.shape) == value.lead + 2):

@@ -1,5 +1,5 @@
-// What the native kernels share: the widest native float32 vector, a register pin, a
-// vectorised exp, and a parallel loop on XLA's own intra-op thread pool.
+// What the native kernels share: the widest native float32 vector, a register pin, a vectorised
+// exp, lane sums (one vector, or 16 at once), and a parallel loop on XLA's own intra-op pool.
 #pragma once
 
 #include <algorithm>
@@ -52,6 +52,48 @@ static inline vec vexp(vec x) {
   std::memcpy(&s, &scale, sizeof(s));
   return p * s;
 }
+
+// The sum of a vector's lanes, as a tree of halves.
+static inline float hsum(vec v) {
+#if defined(__AVX512F__)
+  return _mm512_reduce_add_ps((__m512)v);
+#else
+  float s[VL];
+  std::memcpy(s, &v, sizeof(s));
+  for (int w = VL / 2; w > 0; w /= 2)
+    for (int i = 0; i < w; i++) s[i] += s[i + w];
+  return s[0];
+#endif
+}
+
+#if defined(__AVX512F__)
+// The lane sums of 16 vectors, as one vector (lane i: the sum of d[i]'s lanes): a tree of
+// 15 pairings, each two shuffles and an add, where 16 separate sums take 16 x 4 of each.
+// Level by level the pairs' halves are added side by side: 16 vectors of 16 partial sums,
+// then 8 of 8 (two vectors' halves per vector), 4 of 4, 2 of 2, and one of 16 totals.
+static inline vec sums16(vec* d) {
+  vec a[8], b[4], c[2];
+  for (int i = 0; i < 8; i++)
+    a[i] = __builtin_shufflevector(d[2 * i], d[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17,
+                                   18, 19, 20, 21, 22, 23) +
+           __builtin_shufflevector(d[2 * i], d[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24,
+                                   25, 26, 27, 28, 29, 30, 31);
+  for (int i = 0; i < 4; i++)
+    b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17,
+                                   18, 19, 24, 25, 26, 27) +
+           __builtin_shufflevector(a[2 * i], a[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21,
+                                   22, 23, 28, 29, 30, 31);
+  for (int i = 0; i < 2; i++)
+    c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17,
+                                   20, 21, 24, 25, 28, 29) +
+           __builtin_shufflevector(b[2 * i], b[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19,
+                                   22, 23, 26, 27, 30, 31);
+  return __builtin_shufflevector(c[0], c[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24,
+                                 26, 28, 30) +
+         __builtin_shufflevector(c[0], c[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27,
+                                 29, 31);
+}
+#endif
 
 // Keep a loaded vector in a register: without it GCC 12 folds a load into every FMA that uses
 // it, one load per FMA instead of one per vector.

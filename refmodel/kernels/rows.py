@@ -27,6 +27,8 @@ median of 3 rounds):
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -121,9 +123,20 @@ class Panels(_Stored):
     # A view of one matrix of a stack (w[e] of a [E, K, N] weight: `__getitem__`): w and scale
     # stay the whole stack, `at` is e, and the kernel reads matrix e where it lies.
     at: jax.Array | None = None
+    # A weight declared with several input or output axes (MLA's wq [D, N, H], wo [N, U, D]):
+    # its declared shape; `shape` is the matrix it is multiplied as, [prod(inputs),
+    # prod(outputs)], and `dequantize` gives the declared one back.
+    declared: tuple | None = struct.field(pytree_node=False, default=None)
 
     @classmethod
     def of(cls, w: jax.Array, lead: int = 0, contract: int = 1) -> Panels:
+        """w [*lead, K, N]; or, unstacked (lead 0), w [*inputs, *outputs] with `contract` input
+        axes, stored as the matrix [prod(inputs), prod(outputs)] (x @ w takes x [..., K] and
+        gives [..., N]: the caller reshapes)."""
+        if lead == 0 and w.ndim > 2 and 0 < contract < w.ndim:
+            k = math.prod(w.shape[:contract])
+            _check(w.reshape(k, -1), 0, 1)
+            return cls(panels(w.reshape(k, -1)), (k, w.size // k), 0, declared=tuple(w.shape))
         _check(w, lead, contract)
         return cls(panels(w), tuple(w.shape), lead)
 
@@ -179,7 +192,7 @@ class Panels(_Stored):
         w = w.reshape(*w.shape[:-2], -1)[..., :self.n].astype(jnp.float32)
         if scale is not None:
             w = w * scale[..., None, :]
-        return w.astype(dtype)
+        return w.astype(dtype).reshape(self.declared or w.shape)
 
 
 @struct.dataclass
