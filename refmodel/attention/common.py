@@ -13,8 +13,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from refmodel.kernels.rows import Panels
 from refmodel.layers import SOFTMAX_FLOPS, soft_cap
-from refmodel.quant import cache_store
+from refmodel.quant import cache_store, dense
 
 NEG_INF = -1e30  # finite, so a fully masked row would give a uniform softmax, not NaN
 # FLOPs per attention score of `attend`: scale, mask select, then the row softmax.
@@ -27,6 +28,22 @@ ROPE_FLOPS = 3
 # decode attention): the ops it holds, joined by "+" (microbench.breakdown charges its time
 # and their counted cost to one row).
 KERNEL_SCOPE = "attn_scores+attn_softmax+attn_values"
+
+
+def to_heads(x: jax.Array, w) -> jax.Array:
+    """x [..., D] times w [D, *outputs] -> [..., *outputs] (MLA's wq [D, N, H], the sparse
+    indexer's weights): the native kernel's product where w is stored in its panels (a native
+    model, `kernels.convert`), else XLA's over the float weight."""
+    if isinstance(w, Panels):
+        return (x @ w).reshape(*x.shape[:-1], *(w.declared or w.shape)[1:])
+    return jnp.tensordot(x, dense(w), axes=1)
+
+
+def from_heads(o: jax.Array, w) -> jax.Array:
+    """o [B, T, N, U] times w [N, U, D] -> [B, T, D], as `to_heads`."""
+    if isinstance(w, Panels):
+        return o.reshape(*o.shape[:-2], -1) @ w
+    return jnp.einsum("BTNU,NUD->BTD", o, dense(w))
 
 
 def positions_of(start: jax.Array, T: int) -> jax.Array:

@@ -59,14 +59,15 @@ from refmodel.attention.common import (
     ROPE_FLOPS,
     attend,
     causal_mask,
+    from_heads,
     positions_of,
     rope,
+    to_heads,
     write_at,
 )
 from refmodel.config import ModelConfig, non_negative, positive
 from refmodel.counting import Cost, Dtypes, matmul
 from refmodel.kernels.latent import attend_latent
-from refmodel.kernels.rows import Panels
 from refmodel.layers import NORM_FLOPS as _NORM_FLOPS
 from refmodel.layers import param
 from refmodel.quant import cache_read, cache_zeros, dense
@@ -299,21 +300,6 @@ class MultiHeadLatentAttention(AttentionLayer):
                "out_proj": matmul(BT, N * U, D, dt)}
         core = absorbed_costs if cfg.mla_absorb else naive_costs
         return {**ops, **core(cfg, batch, new, keys, dt)}
-
-
-def to_heads(x: jax.Array, w) -> jax.Array:
-    """x [B, T, D] times w [D, N, H] -> [B, T, N, H]: the native kernel's product where w is
-    stored in its panels (a native model), else an einsum."""
-    if isinstance(w, Panels):
-        return (x @ w).reshape(*x.shape[:-1], *w.declared[1:])
-    return jnp.einsum("BTD,DNH->BTNH", x, dense(w))
-
-
-def from_heads(o: jax.Array, w) -> jax.Array:
-    """o [B, T, N, U] times w [N, U, D] -> [B, T, D], as `to_heads`."""
-    if isinstance(w, Panels):
-        return o.reshape(*o.shape[:-2], -1) @ w
-    return jnp.einsum("BTNU,NUD->BTD", o, dense(w))
 
 
 def latent_bytes(cfg: ModelConfig, tokens: float, dt: Dtypes, rope_key: bool = True) -> float:

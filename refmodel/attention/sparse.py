@@ -43,15 +43,25 @@ from flax import nnx, struct
 
 from refmodel.attention import register
 from refmodel.attention.base import float_cache_size
-from refmodel.attention.common import causal_mask, positions_of, write_at
+from refmodel.attention.common import (
+    KERNEL_SCOPE,
+    causal_mask,
+    positions_of,
+    to_heads,
+    write_at,
+)
 from refmodel.attention.gqa import GroupedQueryAttention, gqa_costs, kv_heads
 from refmodel.config import ModelConfig, positive
 from refmodel.counting import Cost, Dtypes, matmul
+from refmodel.kernels.sparse import sparse_decode
 from refmodel.layers import param
-from refmodel.quant import cache_read, cache_zeros, dense
+from refmodel.quant import cache_read, cache_zeros
 
 # Per (query, key, indexer head): relu, multiply by the head weight, add.
 INDEX_FLOPS = 3
+# The native decode kernel scores, selects and attends in one call (microbench.breakdown
+# charges it with all five ops' counted cost; the indexer's projections keep their own scope)
+SPARSE_SCOPE = "indexer+topk_select+" + KERNEL_SCOPE
 
 
 @struct.dataclass
@@ -88,13 +98,13 @@ class SparseAttention(GroupedQueryAttention):
     def index_keys(self, x: jax.Array) -> jax.Array:
         """x [B, T, D] -> indexer keys [B, T, J]."""
         with jax.named_scope("indexer"):
-            return jnp.einsum("BTD,DJ->BTJ", x, dense(self.wk_idx[...]))
+            return to_heads(x, self.wk_idx[...])  # [B, T, J]
 
     def index_scores(self, x: jax.Array, k_idx: jax.Array) -> jax.Array:
         """I(t, s) of queries x [B, T, D] against indexer keys [B, S, J] -> [B, T, S]."""
         with jax.named_scope("indexer"):
-            q_idx = jnp.einsum("BTD,DIJ->BTIJ", x, dense(self.wq_idx[...]))  # [B, T, I, J]
-            w = jnp.einsum("BTD,DI->BTI", x, dense(self.w_idx[...]))  # [B, T, I]
+            q_idx = to_heads(x, self.wq_idx[...])  # [B, T, I, J]
+            w = to_heads(x, self.w_idx[...])  # [B, T, I]
             dots = jnp.einsum("BTIJ,BSJ->BTIS", q_idx, k_idx.astype(q_idx.dtype))
             return jnp.einsum("BTI,BTIS->BTS", w, jax.nn.relu(dots))  # [B, T, S]
 
@@ -132,7 +142,20 @@ class SparseAttention(GroupedQueryAttention):
                 new_idx = write_at(cache.k_idx, k_idx, start, 1)
             cache = SparseCache(k=new_k, v=new_v, k_idx=new_idx)
             k, v, k_idx = cache_read(cache.k, q.dtype), cache_read(cache.v, q.dtype), cache.k_idx
-        k_pos = jnp.arange(k.shape[2], dtype=jnp.int32)  # [S]
+        B, T, S = x.shape[0], x.shape[1], k.shape[2]
+        if T == 1 and cache is not None and self.kernel_attends(self.cfg):
+            # A native model's decode: the indexer's scores, the selection and the attention
+            # over the picks in one kernel, the cache read in place (kernels/sparse.cc; XLA's
+            # top_k, sort and gathers took half of bench's decode attention).
+            with jax.named_scope("indexer"):
+                q_idx = to_heads(x[:, 0], self.wq_idx[...])  # [B, I, J]
+                w = to_heads(x[:, 0], self.w_idx[...])  # [B, I]
+            lens = jnp.broadcast_to(jnp.minimum(start + 1, S), (B,))  # keys seen per row
+            with jax.named_scope(SPARSE_SCOPE):
+                o = sparse_decode(q[:, 0], k, v, q_idx, w, k_idx, lens, self.cfg.sparse_top_k,
+                                  self.cfg.softmax_scale)
+            return self.output(x, o[:, None]), cache
+        k_pos = jnp.arange(S, dtype=jnp.int32)  # [S]
         mask = causal_mask(positions, k_pos)  # [T, S], or [B, T, S]: each row its own
         idx, valid = self.select(self.index_scores(x, k_idx), mask)  # [B, T, k] x 2
         o = self.sparse_core(q, k, v, idx, valid)

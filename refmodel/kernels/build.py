@@ -29,7 +29,7 @@ from pathlib import Path
 import jax
 
 HERE = Path(__file__).parent
-SOURCES = ("rows.cc", "pages.cc", "attend.cc", "attend_rows.cc", "latent.cc")
+SOURCES = ("rows.cc", "pages.cc", "attend.cc", "attend_rows.cc", "latent.cc", "sparse.cc")
 HEADERS = ("common.h", "panels.h")  # hashed with the sources: a change rebuilds
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-fPIC", "-shared",
          "-fno-math-errno")
@@ -39,7 +39,8 @@ TARGETS = {"RowsF32": "refmodel_rows_f32", "RowsI8": "refmodel_rows_int8",
            "GatherPagesAny": "refmodel_gather_pages",
            "PagedAttentionF32": "refmodel_paged_attention_f32",
            "AttendRowsF32": "refmodel_attend_rows_f32",
-           "AttendLatentF32": "refmodel_attend_latent_f32"}
+           "AttendLatentF32": "refmodel_attend_latent_f32",
+           "SparseDecodeF32": "refmodel_sparse_decode_f32"}
 
 _why_not: list[str] = []
 

@@ -1,0 +1,234 @@
+// Sparse decode attention by top-k selection (refmodel/attention/sparse.py, after DeepSeek
+// Sparse Attention): one query per sequence scores every visible key with the lightning
+// indexer, keeps the top k, and attends over those keys only, read where they lie in the cache.
+//
+// q [B, K, G, H]: the step's query (G query heads per KV head). k, v [B, K, S, H]: the cache.
+// q_idx [B, I, J], w_idx [B, I]: the indexer's query heads and their weights; k_idx [B, S, J]:
+// the indexer keys. lens int32 [B]: keys at positions < lens[b] are visible. out [B, K, G, H].
+//
+//   I(s)  = sum_i w_idx[i] relu(q_idx[i] . k_idx[s])                   for s < lens[b]
+//   picks = the top_k visible s by I(s), equal scores to the earlier position (as
+//           jax.lax.top_k), in position order; every visible s if there are fewer
+//   out   = softmax(scale q . k[picks]) v[picks]                        float32 throughout
+//
+// Three parallel passes: the indexer's scores per (sequence, block of keys); the selection per
+// sequence (nth_element, then a sort of the k picks); the attention per (sequence, KV head),
+// each picked key row loaded once for the G query heads.
+//
+// Why: XLA:CPU ran the selection (top_k, a sort, the gathers of the picked keys and values
+// into new arrays) at 4.5 ms of the `bench` model's 8.7 ms decode attention at batch 8,
+// context 1024 (microbench breakdown, caches evicted, 2-core Zen 5), for 17 MB moved.
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "common.h"
+
+struct SparseArgs {
+  const float *q, *k, *v, *qi, *wi, *ki;
+  const int32_t* lens;
+  float* out;
+  int64_t B, K, G, H, S, I, J, top;
+  float scale;
+};
+
+constexpr int64_t SB = 256;  // keys per block of the indexer pass
+constexpr int64_t PF = 8;    // picked rows ahead to prefetch (every line of the row)
+
+static inline float dot(const float* a, const float* b, int64_t n) {
+  vec acc = {};
+  int64_t i = 0;
+  for (; i + VL <= n; i += VL) acc += *(const vec*)(a + i) * *(const vec*)(b + i);
+  float s = hsum(acc);
+  for (; i < n; i++) s += a[i] * b[i];
+  return s;
+}
+
+// I(s) of sequence b's keys s0 .. s1, into sc [B, S].
+static void index_scores(const SparseArgs& a, int64_t b, int64_t s0, int64_t s1, float* sc) {
+  const float* qi = a.qi + b * a.I * a.J;
+  const float* wi = a.wi + b * a.I;
+  int64_t s = s0;
+#if defined(__AVX512F__)
+  // VL keys at a time: per indexer head their VL dot products side by side, then one
+  // transpose-sum (a horizontal sum per key and head took 3x the FMAs' time)
+  const int64_t JV = a.J / VL * VL;
+  for (; s + VL <= s1; s += VL) {
+    const float* keys = a.ki + (b * a.S + s) * a.J;
+    vec total = {};
+    for (int64_t i = 0; i < a.I; i++) {
+      const float* q = qi + i * a.J;
+      vec d[VL];
+      for (int t = 0; t < VL; t++) d[t] = vec{};
+      for (int64_t h = 0; h < JV; h += VL) {
+        const vec qh = *(const vec*)(q + h);
+        for (int t = 0; t < VL; t++) d[t] += qh * *(const vec*)(keys + t * a.J + h);
+      }
+      vec dots = sums16(d);
+      for (int64_t h = JV; h < a.J; h++)
+        for (int t = 0; t < VL; t++) dots[t] += q[h] * keys[t * a.J + h];
+      total += wi[i] * (dots > 0.0f ? dots : vec{});
+    }
+    *(vec*)(sc + b * a.S + s) = total;
+  }
+#endif
+  for (; s < s1; s++) {
+    const float* key = a.ki + (b * a.S + s) * a.J;
+    float total = 0.0f;
+    for (int64_t i = 0; i < a.I; i++) total += wi[i] * std::max(0.0f, dot(qi + i * a.J, key, a.J));
+    sc[b * a.S + s] = total;
+  }
+}
+
+// Sequence b's picks, in position order, into idx [B, top]; returns how many (<= top).
+static int64_t pick(const SparseArgs& a, int64_t b, const float* sc, int32_t* idx) {
+  const int64_t n = a.lens[b], m = std::min(a.top, n);
+  int32_t* out = idx + b * a.top;
+  if (n <= a.top) {
+    std::iota(out, out + n, 0);
+    return n;
+  }
+  std::vector<int32_t> all(n);
+  std::iota(all.begin(), all.end(), 0);
+  const float* s = sc + b * a.S;
+  // higher score first, equal scores the earlier position first: jax.lax.top_k's order
+  std::nth_element(all.begin(), all.begin() + m, all.end(), [s](int32_t x, int32_t y) {
+    return s[x] > s[y] || (s[x] == s[y] && x < y);
+  });
+  std::sort(all.begin(), all.begin() + m);
+  std::copy(all.begin(), all.begin() + m, out);
+  return m;
+}
+
+// Sequence b, KV head kh: the G heads' softmax over the m picked keys, times their values.
+static void attend_picks(const SparseArgs& a, int64_t b, int64_t kh, const int32_t* picks,
+                         int64_t m) {
+  const int64_t G = a.G, H = a.H;
+  const float* q = a.q + (b * a.K + kh) * G * H;
+  const float* kb = a.k + (b * a.K + kh) * a.S * H;
+  const float* vb = a.v + (b * a.K + kh) * a.S * H;
+  const int64_t mv = (m + VL - 1) / VL * VL;  // a head's scores, padded to whole vectors
+  std::vector<float> s(G * mv), acc(G * H, 0.0f);
+  for (int64_t j = 0; j < std::min<int64_t>(PF, m); j++)
+    for (int64_t h = 0; h < H; h += 16) __builtin_prefetch(kb + int64_t(picks[j]) * H + h);
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  // VL picked keys at a time: per head their VL dot products side by side, then one
+  // transpose-sum (the rows stay in L1 for the G heads)
+  const int64_t HV = H / VL * VL;
+  for (; j + VL <= m; j += VL) {
+    const float* rows[VL];
+    for (int t = 0; t < VL; t++) {
+      rows[t] = kb + int64_t(picks[j + t]) * H;
+      if (j + t + PF < m)
+        for (int64_t h = 0; h < H; h += 16)
+          __builtin_prefetch(kb + int64_t(picks[j + t + PF]) * H + h);
+    }
+    for (int64_t g = 0; g < G; g++) {
+      const float* qg = q + g * H;
+      vec d[VL];
+      for (int t = 0; t < VL; t++) d[t] = vec{};
+      for (int64_t h = 0; h < HV; h += VL) {
+        const vec qh = *(const vec*)(qg + h);
+        for (int t = 0; t < VL; t++) d[t] += qh * *(const vec*)(rows[t] + h);
+      }
+      vec sg = sums16(d);
+      for (int64_t h = HV; h < H; h++)
+        for (int t = 0; t < VL; t++) sg[t] += qg[h] * rows[t][h];
+      *(vec*)(s.data() + g * mv + j) = a.scale * sg;
+    }
+  }
+#endif
+  for (; j < m; j++) {  // the last picks, one at a time
+    const float* key = kb + int64_t(picks[j]) * H;
+    for (int64_t g = 0; g < G; g++) s[g * mv + j] = a.scale * dot(q + g * H, key, H);
+  }
+  for (int64_t g = 0; g < G; g++) {  // each head's softmax over the picks
+    float* sg = s.data() + g * mv;
+    for (int64_t t = m; t < mv; t++) sg[t] = -INFINITY;  // exp -> ~0
+    const float mx = *std::max_element(sg, sg + m);
+    vec sum = {};
+    for (int64_t t = 0; t < mv; t += VL) {
+      const vec e = vexp(*(vec*)(sg + t) - mx);
+      *(vec*)(sg + t) = e;
+      sum += e;
+    }
+    const float inv = 1.0f / hsum(sum);
+    for (int64_t t = 0; t < m; t++) sg[t] *= inv;
+  }
+  for (int64_t j = 0; j < m; j++) {  // each picked value row loaded once for the G heads
+    const float* val = vb + int64_t(picks[j]) * H;
+    if (j + PF < m)
+      for (int64_t h = 0; h < H; h += 16) __builtin_prefetch(vb + int64_t(picks[j + PF]) * H + h);
+    for (int64_t g = 0; g < G; g++) {
+      const float p = s[g * mv + j];
+      float* o = acc.data() + g * H;
+      int64_t h = 0;
+      for (; h + VL <= H; h += VL) *(vec*)(o + h) += p * *(const vec*)(val + h);
+      for (; h < H; h++) o[h] += p * val[h];
+    }
+  }
+  std::memcpy(a.out + (b * a.K + kh) * G * H, acc.data(), sizeof(float) * G * H);
+}
+
+static ffi::Error SparseDecode(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
+                               ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
+                               ffi::Buffer<ffi::F32> q_idx, ffi::Buffer<ffi::F32> w_idx,
+                               ffi::Buffer<ffi::F32> k_idx, ffi::Buffer<ffi::S32> lens,
+                               ffi::ResultBuffer<ffi::F32> out, int64_t top_k, float scale) {
+  const auto qd = q.dimensions(), kd = k.dimensions(), qi = q_idx.dimensions();
+  const auto wi = w_idx.dimensions(), ki = k_idx.dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || v.dimensions().size() != 4 || qi.size() != 3 ||
+      wi.size() != 2 || ki.size() != 3 || lens.dimensions().size() != 1)
+    return ffi::Error::InvalidArgument(
+        "sparse_decode: q [B, K, G, H], k and v [B, K, S, H], q_idx [B, I, J], w_idx [B, I], "
+        "k_idx [B, S, J], lens [B]");
+  const int64_t B = qd[0], K = qd[1], G = qd[2], H = qd[3], S = kd[2], I = qi[1], J = qi[2];
+  bool ok = kd[0] == B && kd[1] == K && kd[3] == H && qi[0] == B && wi[0] == B &&
+            wi[1] == I && ki[0] == B && ki[1] == S && ki[2] == J &&
+            lens.dimensions()[0] == B && S >= 1 && top_k >= 1;
+  for (int i = 0; i < 4; i++) ok = ok && v.dimensions()[i] == kd[i];
+  if (!ok)
+    return ffi::Error::InvalidArgument(
+        "sparse_decode: shapes disagree (q [B, K, G, H], k and v [B, K, S, H], q_idx [B, I, "
+        "J], w_idx [B, I], k_idx [B, S, J], lens [B]) or top_k < 1");
+  const int32_t* len = lens.typed_data();
+  for (int64_t b = 0; b < B; b++)
+    if (len[b] < 1 || len[b] > S)
+      return ffi::Error::InvalidArgument("sparse_decode: lens[b] must be in [1, S]");
+  const SparseArgs a{q.typed_data(), k.typed_data(), v.typed_data(), q_idx.typed_data(),
+                     w_idx.typed_data(), k_idx.typed_data(), len, out->typed_data(),
+                     B, K, G, H, S, I, J, top_k, scale};
+  std::vector<float> sc(B * S);
+  std::vector<int32_t> idx(B * top_k);
+  std::vector<int64_t> count(B);
+  float* scp = sc.data();
+  int32_t* idxp = idx.data();
+  int64_t* cnt = count.data();
+  const int64_t blocks = (S + SB - 1) / SB;
+  parallel_for(pool, B * blocks, [=](int64_t job) {
+    const int64_t b = job / blocks, s0 = job % blocks * SB;
+    const int64_t s1 = std::min<int64_t>(len[b], s0 + SB);
+    if (s0 < s1) index_scores(a, b, s0, s1, scp);
+  });
+  parallel_for(pool, B, [=](int64_t b) { cnt[b] = pick(a, b, scp, idxp); });
+  parallel_for(pool, B * K, [=](int64_t job) {
+    const int64_t b = job / K;
+    attend_picks(a, b, job % K, idxp + b * top_k, cnt[b]);
+  });
+  return ffi::Error::Success();
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SparseDecodeF32, SparseDecode,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // q [B, K, G, H]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // k [B, K, S, H]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // v [B, K, S, H]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // q_idx [B, I, J]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // w_idx [B, I]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // k_idx [B, S, J]
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // lens [B]
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // out [B, K, G, H]
+                                  .Attr<int64_t>("top_k")
+                                  .Attr<float>("scale"));
