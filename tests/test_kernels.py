@@ -506,74 +506,79 @@ def test_a_weight_over_several_axes_is_the_panels_of_its_matrix(shape, contract)
 
 
 def sparse_oracle(q, k, v, qi, wi, ki, lens, top_k, scale):
-    """Sparse decode in float64 numpy: the indexer's scores, the top_k visible keys (equal
-    scores to the earlier key), softmax attention over them."""
+    """Sparse attention in float64 numpy, query by query: the indexer's scores over the keys
+    it sees, the top_k of them (equal scores to the earlier key), softmax attention over them."""
     q, k, v, qi, wi, ki = (np.asarray(a, np.float64) for a in (q, k, v, qi, wi, ki))
     out = np.zeros_like(q)
-    for b, n in enumerate(np.asarray(lens)):
-        score = (wi[b][:, None] * np.maximum(qi[b] @ ki[b, :n].T, 0)).sum(0)  # [n]
+    for b, t in np.ndindex(*q.shape[:2]):
+        n = int(lens[b, t])
+        score = (wi[b, t][:, None] * np.maximum(qi[b, t] @ ki[b, :n].T, 0)).sum(0)  # [n]
         picks = np.sort(sorted(range(n), key=lambda s: (-score[s], s))[:top_k])
-        s = scale * np.einsum("kgh,kjh->kgj", q[b], k[b][:, picks])
+        s = scale * np.einsum("kgh,kjh->kgj", q[b, t], k[b][:, picks])
         p = np.exp(s - s.max(-1, keepdims=True))
-        out[b] = np.einsum("kgj,kjh->kgh", p / p.sum(-1, keepdims=True), v[b][:, picks])
+        out[b, t] = np.einsum("kgj,kjh->kgh", p / p.sum(-1, keepdims=True), v[b][:, picks])
     return out
 
 
 @settings(max_examples=15, deadline=None)
-@given(B=st.integers(1, 3), K=st.integers(1, 3), G=st.integers(1, 4),
+@given(B=st.integers(1, 3), T=st.integers(1, 5), K=st.integers(1, 3), G=st.integers(1, 4),
        H=st.sampled_from([1, 8, 16, 33, 64]), S=st.integers(1, 600), I=st.integers(1, 4),
        J=st.sampled_from([1, 5, 16, 64]), top_k=st.integers(1, 300), ties=st.booleans(),
        seed=st.integers(0, 2**16))
-def test_sparse_decode_equals_top_k_attention(B, K, G, H, S, I, J, top_k, ties, seed):
-    """The sparse decode kernel (sparse.cc) against float64 numpy: more or fewer visible keys
-    than top_k, each row its own length, indexer keys in several blocks of 256, and (ties)
-    indexer keys of zeros, so every score ties and the earliest keys must be the picks, as
-    jax.lax.top_k picks them."""
-    from refmodel.kernels.sparse import sparse_decode
+def test_sparse_attention_equals_top_k_attention(B, T, K, G, H, S, I, J, top_k, ties, seed):
+    """The sparse attention kernel (sparse.cc) against float64 numpy: several queries per
+    sequence, each its own number of visible keys (more or fewer than top_k), indexer keys in
+    several blocks of 256, and (ties) indexer keys of zeros, so every score ties and the
+    earliest keys must be the picks, as jax.lax.top_k picks them."""
+    from refmodel.kernels.sparse import sparse_attend
 
     rng = np.random.default_rng(seed)
-    q = rng.standard_normal((B, K, G, H)).astype(np.float32)
+    q = rng.standard_normal((B, T, K, G, H)).astype(np.float32)
     k = (2 * rng.standard_normal((B, K, S, H))).astype(np.float32)
     v = rng.standard_normal((B, K, S, H)).astype(np.float32)
-    qi = rng.standard_normal((B, I, J)).astype(np.float32)
-    wi = rng.standard_normal((B, I)).astype(np.float32)
+    qi = rng.standard_normal((B, T, I, J)).astype(np.float32)
+    wi = rng.standard_normal((B, T, I)).astype(np.float32)
     ki = rng.standard_normal((B, S, J)).astype(np.float32)
     if ties:
         ki = np.zeros_like(ki)
-    lens = rng.integers(1, S + 1, B).astype(np.int32)
+    lens = rng.integers(1, S + 1, (B, T)).astype(np.int32)
     scale = float(H ** -0.5)
-    got = jax.jit(sparse_decode, static_argnums=(7, 8))(q, k, v, qi, wi, ki, lens, top_k, scale)
+    got = jax.jit(sparse_attend, static_argnums=(7, 8))(q, k, v, qi, wi, ki, lens, top_k, scale)
     np.testing.assert_allclose(np.asarray(got),
                                sparse_oracle(q, k, v, qi, wi, ki, lens, top_k, scale),
                                rtol=2e-5, atol=2e-5)
 
 
-def test_sparse_decode_refuses_wrong_shapes_and_dtypes():
-    from refmodel.kernels.sparse import sparse_decode
+def test_sparse_attention_refuses_wrong_shapes_and_dtypes():
+    from refmodel.kernels.sparse import sparse_attend
 
-    q, kv = jnp.zeros((2, 1, 2, 8), jnp.float32), jnp.zeros((2, 1, 6, 8), jnp.float32)
-    qi, wi, ki = jnp.zeros((2, 3, 4)), jnp.zeros((2, 3)), jnp.zeros((2, 6, 4))
-    lens = jnp.ones((2,), jnp.int32)
+    q, kv = jnp.zeros((2, 1, 1, 2, 8), jnp.float32), jnp.zeros((2, 1, 6, 8), jnp.float32)
+    qi, wi, ki = jnp.zeros((2, 1, 3, 4)), jnp.zeros((2, 1, 3)), jnp.zeros((2, 6, 4))
+    lens = jnp.ones((2, 1), jnp.int32)
     for args in [(q.astype(jnp.bfloat16), kv, kv, qi, wi, ki, lens, 4),
-                 (q, kv, kv[..., :4], qi, wi, ki, lens, 4), (q, kv, kv, qi, wi[:, :2], ki, lens, 4),
+                 (q, kv, kv[..., :4], qi, wi, ki, lens, 4),
+                 (q, kv, kv, qi, wi[..., :2], ki, lens, 4),
                  (q, kv, kv, qi, wi, ki[:, :5], lens, 4), (q, kv, kv, qi, wi, ki, lens[:1], 4),
                  (q, kv, kv, qi, wi, ki, lens, 0)]:
-        with pytest.raises(ValueError, match=r"sparse_decode: float32 q \[B, K, G, H\]"):
-            sparse_decode(*args, 1.0)
+        with pytest.raises(ValueError, match=r"sparse_attend: float32 q \[B, T, K, G, H\]"):
+            sparse_attend(*args, 1.0)
 
 
-def test_native_sparse_decode_is_golden_and_attends_in_the_sparse_kernel():
+def test_native_sparse_attention_is_golden_and_runs_in_the_sparse_kernel():
     """Sparse attention with matmul='native' and top_k below the context: a prefill of 3
-    tokens (XLA's selection) then token-by-token decode at batch 2 (the kernel, one call per
-    layer) equal the XLA model's full forward; the XLA model's decode has no such call."""
+    tokens then token-by-token decode at batch 2, and the cache-free forward, all in the
+    kernel (one call per layer), equal the XLA model's full forward; the XLA model has no such
+    call."""
     cfg = tiny(attention="sparse", n_layers=2, sparse_top_k=4)
     xla = refmodel.init(cfg, seed=0)
     native = kernels.use_native(xla)
     toks = tokens(cfg, 2, 14, seed=1)
-    got, want = incremental_logits(native, toks, [3]), refmodel.forward(xla, toks)
-    assert_logits_close(got, want, tol=3e-5)
-    np.testing.assert_array_equal(np.asarray(got.argmax(-1)), np.asarray(want.argmax(-1)))
+    want = refmodel.forward(xla, toks)
+    for got in (incremental_logits(native, toks, [3]), refmodel.forward(native, toks)):
+        assert_logits_close(got, want, tol=3e-5)
+        np.testing.assert_array_equal(np.asarray(got.argmax(-1)), np.asarray(want.argmax(-1)))
     for model, calls in ((native, 2), (xla, 0)):
         phases = refmodel.Phases(model)
-        text = phases.jitted["decode"].lower(*phases.example_args("decode", 2, 9)).as_text()
-        assert text.count(build.TARGETS["SparseDecodeF32"]) == calls
+        for phase in ("decode", "prefill"):
+            text = phases.jitted[phase].lower(*phases.example_args(phase, 2, 9)).as_text()
+            assert text.count(build.TARGETS["SparseAttendF32"]) == calls

@@ -53,14 +53,14 @@ from refmodel.attention.common import (
 from refmodel.attention.gqa import GroupedQueryAttention, gqa_costs, kv_heads
 from refmodel.config import ModelConfig, positive
 from refmodel.counting import Cost, Dtypes, matmul
-from refmodel.kernels.sparse import sparse_decode
+from refmodel.kernels.sparse import sparse_attend
 from refmodel.layers import param
 from refmodel.quant import cache_read, cache_zeros
 
 # Per (query, key, indexer head): relu, multiply by the head weight, add.
 INDEX_FLOPS = 3
-# The native decode kernel scores, selects and attends in one call (microbench.breakdown
-# charges it with all five ops' counted cost; the indexer's projections keep their own scope)
+# The native kernel scores, selects and attends in one call (microbench.breakdown charges it
+# with all five ops' counted cost; the indexer's projections keep their own scope)
 SPARSE_SCOPE = "indexer+topk_select+" + KERNEL_SCOPE
 
 
@@ -143,18 +143,21 @@ class SparseAttention(GroupedQueryAttention):
             cache = SparseCache(k=new_k, v=new_v, k_idx=new_idx)
             k, v, k_idx = cache_read(cache.k, q.dtype), cache_read(cache.v, q.dtype), cache.k_idx
         B, T, S = x.shape[0], x.shape[1], k.shape[2]
-        if T == 1 and cache is not None and self.kernel_attends(self.cfg):
-            # A native model's decode: the indexer's scores, the selection and the attention
-            # over the picks in one kernel, the cache read in place (kernels/sparse.cc; XLA's
-            # top_k, sort and gathers took half of bench's decode attention).
+        if self.kernel_attends(self.cfg):
+            # A native model: the indexer's scores, the selection and the attention over the
+            # picks in one kernel, keys and values read in place (kernels/sparse.cc; XLA's
+            # top_k, sort and gathers took half of bench's decode attention, and a prefill's
+            # gathers copy every query's picks).
             with jax.named_scope("indexer"):
-                q_idx = to_heads(x[:, 0], self.wq_idx[...])  # [B, I, J]
-                w = to_heads(x[:, 0], self.w_idx[...])  # [B, I]
-            lens = jnp.broadcast_to(jnp.minimum(start + 1, S), (B,))  # keys seen per row
+                q_idx = to_heads(x, self.wq_idx[...])  # [B, T, I, J]
+                w = to_heads(x, self.w_idx[...])  # [B, T, I]
+            # keys seen by each query: a chunk without a cache sees its own tokens up to itself
+            lens = jnp.broadcast_to(jnp.arange(1, T + 1, dtype=jnp.int32) if cache is None
+                                    else jnp.minimum(positions + 1, S), (B, T))
             with jax.named_scope(SPARSE_SCOPE):
-                o = sparse_decode(q[:, 0], k, v, q_idx, w, k_idx, lens, self.cfg.sparse_top_k,
+                o = sparse_attend(q, k, v, q_idx, w, k_idx, lens, self.cfg.sparse_top_k,
                                   self.cfg.softmax_scale)
-            return self.output(x, o[:, None]), cache
+            return self.output(x, o), cache
         k_pos = jnp.arange(S, dtype=jnp.int32)  # [S]
         mask = causal_mask(positions, k_pos)  # [T, S], or [B, T, S]: each row its own
         idx, valid = self.select(self.index_scores(x, k_idx), mask)  # [B, T, k] x 2

@@ -40,7 +40,7 @@ TARGETS = {"RowsF32": "refmodel_rows_f32", "RowsI8": "refmodel_rows_int8",
            "PagedAttentionF32": "refmodel_paged_attention_f32",
            "AttendRowsF32": "refmodel_attend_rows_f32",
            "AttendLatentF32": "refmodel_attend_latent_f32",
-           "SparseDecodeF32": "refmodel_sparse_decode_f32"}
+           "SparseAttendF32": "refmodel_sparse_attend_f32"}
 
 _why_not: list[str] = []
 

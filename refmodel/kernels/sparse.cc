@@ -1,19 +1,21 @@
-// Sparse decode attention by top-k selection (refmodel/attention/sparse.py, after DeepSeek
-// Sparse Attention): one query per sequence scores every visible key with the lightning
-// indexer, keeps the top k, and attends over those keys only, read where they lie in the cache.
+// Sparse attention by top-k selection (refmodel/attention/sparse.py, after DeepSeek Sparse
+// Attention): each query scores every key it may see with the lightning indexer, keeps the top
+// k, and attends over those keys only, read where they lie in the cache.
 //
-// q [B, K, G, H]: the step's query (G query heads per KV head). k, v [B, K, S, H]: the cache.
-// q_idx [B, I, J], w_idx [B, I]: the indexer's query heads and their weights; k_idx [B, S, J]:
-// the indexer keys. lens int32 [B]: keys at positions < lens[b] are visible. out [B, K, G, H].
+// q [B, T, K, G, H]: T queries per sequence (1 at decode, a chunk's tokens at prefill), G query
+// heads per KV head. k, v [B, K, S, H]: the cache (or the chunk's own keys). q_idx [B, T, I, J],
+// w_idx [B, T, I]: the indexer's query heads and their weights; k_idx [B, S, J]: the indexer
+// keys. lens int32 [B, T]: query t sees the keys at positions < lens[b, t] (causal: its
+// position + 1). out [B, T, K, G, H].
 //
-//   I(s)  = sum_i w_idx[i] relu(q_idx[i] . k_idx[s])                   for s < lens[b]
+//   I(s)  = sum_i w_idx[i] relu(q_idx[i] . k_idx[s])                   for s < lens[b, t]
 //   picks = the top_k visible s by I(s), equal scores to the earlier position (as
 //           jax.lax.top_k), in position order; every visible s if there are fewer
 //   out   = softmax(scale q . k[picks]) v[picks]                        float32 throughout
 //
-// Three parallel passes: the indexer's scores per (sequence, block of keys); the selection per
-// sequence (nth_element, then a sort of the k picks); the attention per (sequence, KV head),
-// each picked key row loaded once for the G query heads.
+// Three parallel passes: the indexer's scores per (query, block of keys); the selection per
+// query (nth_element, then a sort of the k picks); the attention per (query, KV head), each
+// picked key row loaded once for the G query heads. A query is a row r = b T + t.
 //
 // Why: XLA:CPU ran the selection (top_k, a sort, the gathers of the picked keys and values
 // into new arrays) at 4.5 ms of the `bench` model's 8.7 ms decode attention at batch 8,
@@ -28,7 +30,7 @@ struct SparseArgs {
   const float *q, *k, *v, *qi, *wi, *ki;
   const int32_t* lens;
   float* out;
-  int64_t B, K, G, H, S, I, J, top;
+  int64_t B, T, K, G, H, S, I, J, top;
   float scale;
 };
 
@@ -44,10 +46,11 @@ static inline float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-// I(s) of sequence b's keys s0 .. s1, into sc [B, S].
-static void index_scores(const SparseArgs& a, int64_t b, int64_t s0, int64_t s1, float* sc) {
-  const float* qi = a.qi + b * a.I * a.J;
-  const float* wi = a.wi + b * a.I;
+// I(s) of query r's keys s0 .. s1, into sc [B T, S].
+static void index_scores(const SparseArgs& a, int64_t r, int64_t s0, int64_t s1, float* sc) {
+  const int64_t b = r / a.T;
+  const float* qi = a.qi + r * a.I * a.J;
+  const float* wi = a.wi + r * a.I;
   int64_t s = s0;
 #if defined(__AVX512F__)
   // VL keys at a time: per indexer head their VL dot products side by side, then one
@@ -69,28 +72,28 @@ static void index_scores(const SparseArgs& a, int64_t b, int64_t s0, int64_t s1,
         for (int t = 0; t < VL; t++) dots[t] += q[h] * keys[t * a.J + h];
       total += wi[i] * (dots > 0.0f ? dots : vec{});
     }
-    *(vec*)(sc + b * a.S + s) = total;
+    *(vec*)(sc + r * a.S + s) = total;
   }
 #endif
   for (; s < s1; s++) {
     const float* key = a.ki + (b * a.S + s) * a.J;
     float total = 0.0f;
     for (int64_t i = 0; i < a.I; i++) total += wi[i] * std::max(0.0f, dot(qi + i * a.J, key, a.J));
-    sc[b * a.S + s] = total;
+    sc[r * a.S + s] = total;
   }
 }
 
-// Sequence b's picks, in position order, into idx [B, top]; returns how many (<= top).
-static int64_t pick(const SparseArgs& a, int64_t b, const float* sc, int32_t* idx) {
-  const int64_t n = a.lens[b], m = std::min(a.top, n);
-  int32_t* out = idx + b * a.top;
+// Query r's picks, in position order, into idx [B T, top]; returns how many (<= top).
+static int64_t pick(const SparseArgs& a, int64_t r, const float* sc, int32_t* idx) {
+  const int64_t n = a.lens[r], m = std::min(a.top, n);
+  int32_t* out = idx + r * a.top;
   if (n <= a.top) {
     std::iota(out, out + n, 0);
     return n;
   }
   std::vector<int32_t> all(n);
   std::iota(all.begin(), all.end(), 0);
-  const float* s = sc + b * a.S;
+  const float* s = sc + r * a.S;
   // higher score first, equal scores the earlier position first: jax.lax.top_k's order
   std::nth_element(all.begin(), all.begin() + m, all.end(), [s](int32_t x, int32_t y) {
     return s[x] > s[y] || (s[x] == s[y] && x < y);
@@ -100,11 +103,11 @@ static int64_t pick(const SparseArgs& a, int64_t b, const float* sc, int32_t* id
   return m;
 }
 
-// Sequence b, KV head kh: the G heads' softmax over the m picked keys, times their values.
-static void attend_picks(const SparseArgs& a, int64_t b, int64_t kh, const int32_t* picks,
+// Query r, KV head kh: the G heads' softmax over the m picked keys, times their values.
+static void attend_picks(const SparseArgs& a, int64_t r, int64_t kh, const int32_t* picks,
                          int64_t m) {
-  const int64_t G = a.G, H = a.H;
-  const float* q = a.q + (b * a.K + kh) * G * H;
+  const int64_t G = a.G, H = a.H, b = r / a.T;
+  const float* q = a.q + (r * a.K + kh) * G * H;
   const float* kb = a.k + (b * a.K + kh) * a.S * H;
   const float* vb = a.v + (b * a.K + kh) * a.S * H;
   const int64_t mv = (m + VL - 1) / VL * VL;  // a head's scores, padded to whole vectors
@@ -168,67 +171,69 @@ static void attend_picks(const SparseArgs& a, int64_t b, int64_t kh, const int32
       for (; h < H; h++) o[h] += p * val[h];
     }
   }
-  std::memcpy(a.out + (b * a.K + kh) * G * H, acc.data(), sizeof(float) * G * H);
+  std::memcpy(a.out + (r * a.K + kh) * G * H, acc.data(), sizeof(float) * G * H);
 }
 
-static ffi::Error SparseDecode(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
+static ffi::Error SparseAttend(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
                                ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
                                ffi::Buffer<ffi::F32> q_idx, ffi::Buffer<ffi::F32> w_idx,
                                ffi::Buffer<ffi::F32> k_idx, ffi::Buffer<ffi::S32> lens,
                                ffi::ResultBuffer<ffi::F32> out, int64_t top_k, float scale) {
   const auto qd = q.dimensions(), kd = k.dimensions(), qi = q_idx.dimensions();
-  const auto wi = w_idx.dimensions(), ki = k_idx.dimensions();
-  if (qd.size() != 4 || kd.size() != 4 || v.dimensions().size() != 4 || qi.size() != 3 ||
-      wi.size() != 2 || ki.size() != 3 || lens.dimensions().size() != 1)
+  const auto wi = w_idx.dimensions(), ki = k_idx.dimensions(), ld = lens.dimensions();
+  if (qd.size() != 5 || kd.size() != 4 || v.dimensions().size() != 4 || qi.size() != 4 ||
+      wi.size() != 3 || ki.size() != 3 || ld.size() != 2)
     return ffi::Error::InvalidArgument(
-        "sparse_decode: q [B, K, G, H], k and v [B, K, S, H], q_idx [B, I, J], w_idx [B, I], "
-        "k_idx [B, S, J], lens [B]");
-  const int64_t B = qd[0], K = qd[1], G = qd[2], H = qd[3], S = kd[2], I = qi[1], J = qi[2];
-  bool ok = kd[0] == B && kd[1] == K && kd[3] == H && qi[0] == B && wi[0] == B &&
-            wi[1] == I && ki[0] == B && ki[1] == S && ki[2] == J &&
-            lens.dimensions()[0] == B && S >= 1 && top_k >= 1;
+        "sparse_attend: q [B, T, K, G, H], k and v [B, K, S, H], q_idx [B, T, I, J], w_idx "
+        "[B, T, I], k_idx [B, S, J], lens [B, T]");
+  const int64_t B = qd[0], T = qd[1], K = qd[2], G = qd[3], H = qd[4], S = kd[2];
+  const int64_t I = qi[2], J = qi[3];
+  bool ok = kd[0] == B && kd[1] == K && kd[3] == H && qi[0] == B && qi[1] == T &&
+            wi[0] == B && wi[1] == T && wi[2] == I && ki[0] == B && ki[1] == S &&
+            ki[2] == J && ld[0] == B && ld[1] == T && S >= 1 && top_k >= 1;
   for (int i = 0; i < 4; i++) ok = ok && v.dimensions()[i] == kd[i];
   if (!ok)
     return ffi::Error::InvalidArgument(
-        "sparse_decode: shapes disagree (q [B, K, G, H], k and v [B, K, S, H], q_idx [B, I, "
-        "J], w_idx [B, I], k_idx [B, S, J], lens [B]) or top_k < 1");
+        "sparse_attend: shapes disagree (q [B, T, K, G, H], k and v [B, K, S, H], q_idx [B, T, "
+        "I, J], w_idx [B, T, I], k_idx [B, S, J], lens [B, T]) or top_k < 1");
   const int32_t* len = lens.typed_data();
-  for (int64_t b = 0; b < B; b++)
-    if (len[b] < 1 || len[b] > S)
-      return ffi::Error::InvalidArgument("sparse_decode: lens[b] must be in [1, S]");
+  const int64_t rows = B * T;
+  for (int64_t r = 0; r < rows; r++)
+    if (len[r] < 1 || len[r] > S)
+      return ffi::Error::InvalidArgument("sparse_attend: lens[b, t] must be in [1, S]");
   const SparseArgs a{q.typed_data(), k.typed_data(), v.typed_data(), q_idx.typed_data(),
                      w_idx.typed_data(), k_idx.typed_data(), len, out->typed_data(),
-                     B, K, G, H, S, I, J, top_k, scale};
-  std::vector<float> sc(B * S);
-  std::vector<int32_t> idx(B * top_k);
-  std::vector<int64_t> count(B);
+                     B, T, K, G, H, S, I, J, top_k, scale};
+  std::vector<float> sc(rows * S);
+  std::vector<int32_t> idx(rows * top_k);
+  std::vector<int64_t> count(rows);
   float* scp = sc.data();
   int32_t* idxp = idx.data();
   int64_t* cnt = count.data();
   const int64_t blocks = (S + SB - 1) / SB;
-  parallel_for(pool, B * blocks, [=](int64_t job) {
-    const int64_t b = job / blocks, s0 = job % blocks * SB;
-    const int64_t s1 = std::min<int64_t>(len[b], s0 + SB);
-    if (s0 < s1) index_scores(a, b, s0, s1, scp);
+  parallel_for(pool, rows * blocks, [=](int64_t job) {
+    const int64_t r = job / blocks, s0 = job % blocks * SB;
+    const int64_t s1 = std::min<int64_t>(len[r], s0 + SB);
+    if (s0 < s1) index_scores(a, r, s0, s1, scp);
   });
-  parallel_for(pool, B, [=](int64_t b) { cnt[b] = pick(a, b, scp, idxp); });
-  parallel_for(pool, B * K, [=](int64_t job) {
-    const int64_t b = job / K;
-    attend_picks(a, b, job % K, idxp + b * top_k, cnt[b]);
+  parallel_for(pool, rows, [=](int64_t r) { cnt[r] = pick(a, r, scp, idxp); });
+  parallel_for(pool, rows * K, [=](int64_t job) {
+    const int64_t r = job / K;
+    attend_picks(a, r, job % K, idxp + r * top_k, cnt[r]);
   });
   return ffi::Error::Success();
 }
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SparseDecodeF32, SparseDecode,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SparseAttendF32, SparseAttend,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // q [B, K, G, H]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // q [B, T, K, G, H]
                                   .Arg<ffi::Buffer<ffi::F32>>()  // k [B, K, S, H]
                                   .Arg<ffi::Buffer<ffi::F32>>()  // v [B, K, S, H]
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // q_idx [B, I, J]
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // w_idx [B, I]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // q_idx [B, T, I, J]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // w_idx [B, T, I]
                                   .Arg<ffi::Buffer<ffi::F32>>()  // k_idx [B, S, J]
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // lens [B]
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // out [B, K, G, H]
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // lens [B, T]
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // out [B, T, K, G, H]
                                   .Attr<int64_t>("top_k")
                                   .Attr<float>("scale"));

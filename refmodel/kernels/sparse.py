@@ -1,11 +1,11 @@
-"""Sparse decode attention in the native kernel (`sparse.cc`): the lightning indexer's scores,
-the top-k selection and the attention over the picked keys in one call, the cache read in
-place (no gathered copy of the picked keys and values).
+"""Sparse attention in the native kernel (`sparse.cc`): the lightning indexer's scores, the
+top-k selection and the attention over the picked keys in one call, the keys and values read
+in place (no gathered copy of the picked ones per query).
 
-A native model's sparse layers (`SparseAttention`, `kernel_attends`) decode here (one query
-per sequence); XLA's `SparseAttention.index_scores`, `select` and `sparse_core` are the
-reference it is tested against, and what every other call (a prefill chunk, a quantized
-cache, sinks or a soft-cap) runs.
+A native model's sparse layers (`SparseAttention`, `kernel_attends`) attend here, at decode
+and in a prefill chunk; XLA's `SparseAttention.index_scores`, `select` and `sparse_core` are
+the reference it is tested against, and what every other model (a quantized cache, sinks or
+a soft-cap, matmul="xla") runs.
 """
 
 from __future__ import annotations
@@ -17,26 +17,27 @@ import numpy as np
 from refmodel.kernels import build
 
 
-def sparse_decode(q: jax.Array, k: jax.Array, v: jax.Array, q_idx: jax.Array, w_idx: jax.Array,
+def sparse_attend(q: jax.Array, k: jax.Array, v: jax.Array, q_idx: jax.Array, w_idx: jax.Array,
                   k_idx: jax.Array, lens: jax.Array, top_k: int, scale: float) -> jax.Array:
-    """q [B, K, G, H] over the top_k of each sequence's first lens[b] (int32 [B], in [1, S])
-    keys of k, v [B, K, S, H], ranked by the indexer (q_idx [B, I, J], w_idx [B, I], k_idx
-    [B, S, J]: sum_i w_idx[i] relu(q_idx[i] . k_idx[s]); equal scores to the earlier key)
-    -> [B, K, G, H]: softmax(scale q.k) v over the picks. float32 throughout."""
-    B, K, G, H = q.shape
+    """q [B, T, K, G, H], query t of sequence b over the top_k of the keys it sees (positions
+    < lens[b, t], int32 [B, T] in [1, S]) of k, v [B, K, S, H], ranked by the indexer (q_idx
+    [B, T, I, J], w_idx [B, T, I], k_idx [B, S, J]: sum_i w_idx[i] relu(q_idx[i] . k_idx[s]);
+    equal scores to the earlier key) -> [B, T, K, G, H]: softmax(scale q.k) v over the picks.
+    float32 throughout."""
+    B, T, K, G, H = q.shape
     arrays = {"q": q, "k": k, "v": v, "q_idx": q_idx, "w_idx": w_idx, "k_idx": k_idx}
     S = k.shape[2] if k.ndim == 4 else -1
-    I, J = q_idx.shape[1:] if q_idx.ndim == 3 else (-1, -1)
+    I, J = q_idx.shape[2:] if q_idx.ndim == 4 else (-1, -1)
     if (any(a.dtype != jnp.float32 for a in arrays.values()) or k.shape != (B, K, S, H)
-            or v.shape != k.shape or q_idx.shape != (B, I, J) or w_idx.shape != (B, I)
-            or k_idx.shape != (B, S, J) or lens.shape != (B,) or top_k < 1):
+            or v.shape != k.shape or q_idx.shape != (B, T, I, J) or w_idx.shape != (B, T, I)
+            or k_idx.shape != (B, S, J) or lens.shape != (B, T) or top_k < 1):
         got = ", ".join(f"{n} {a.dtype}{list(a.shape)}" for n, a in arrays.items())
-        raise ValueError(f"sparse_decode: float32 q [B, K, G, H], k and v [B, K, S, H], q_idx "
-                         f"[B, I, J], w_idx [B, I], k_idx [B, S, J], lens [B] and top_k >= 1; "
-                         f"got {got}, lens {list(lens.shape)}, top_k={top_k}")
+        raise ValueError(f"sparse_attend: float32 q [B, T, K, G, H], k and v [B, K, S, H], "
+                         f"q_idx [B, T, I, J], w_idx [B, T, I], k_idx [B, S, J], lens [B, T] "
+                         f"and top_k >= 1; got {got}, lens {list(lens.shape)}, top_k={top_k}")
     if not build.load():
         raise RuntimeError(f"the native kernels are not available: {build.why_not()}")
     out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
-    return jax.ffi.ffi_call(build.TARGETS["SparseDecodeF32"], out, vmap_method="sequential")(
+    return jax.ffi.ffi_call(build.TARGETS["SparseAttendF32"], out, vmap_method="sequential")(
         q, k, v, q_idx, w_idx, k_idx, lens.astype(jnp.int32), top_k=np.int64(top_k),
         scale=np.float32(scale))
