@@ -44,22 +44,9 @@ def expected_distinct_experts(tokens: float, n_experts: int, top_k: int) -> floa
 
 
 def expert_tile(pairs: int, n_experts: int) -> int:
-    """Rows per trip of `MoE.grouped_experts`' loop, a power of two in [1, 128] (static: it
-    depends only on shapes). Each trip reads the expert's weights again; each padding row
-    costs FLOPs. Where up to COVER rows cover an expert's mean rows plus two standard
-    deviations (binomial: pairs routed uniformly), a decode's few rows per expert, the tile
-    covers them: one trip, one read of the weights, for most experts, the padding paid from
-    FLOPs a memory-bound step has to spare (`bench` MoE decode FFN, caches evicted, 2-core
-    Zen 5, two alternations: batch 8 / 32 / 64 at tiles 8 / 16 / 32 took 0.92-0.98x the time
-    of tiles 2 / 8 / 16). Past that, a compute-bound prefill's, the tile is the power of two
-    at or above the mean."""
-    mean = pairs / n_experts
-    cover = mean + 2.0 * math.sqrt(pairs * (1.0 / n_experts) * (1.0 - 1.0 / n_experts))
-    rows = cover if cover <= COVER else mean
-    return min(128, max(1, 1 << math.ceil(math.log2(max(1.0, rows)))))
-
-
-COVER = 32  # rows per expert up to which a tile covers nearly every expert in one trip
+    """Rows per trip of `MoE.grouped_experts`' loop: the power of two nearest above the mean
+    rows per expert, in [1, 128] (static: it depends only on shapes)."""
+    return min(128, max(1, 1 << math.ceil(math.log2(max(1.0, pairs / n_experts)))))
 
 
 class MoE(nnx.Module):
