@@ -21,12 +21,12 @@ gather of pages into a contiguous view for the layers that cannot. The engine us
 they build (`Engine(kernels="auto")`); XLA's gather is their fallback and reference. A native
 model's prefill chunks attend in `attend_rows.cc` (`prefill.py`): per sequence and KV head,
 the scores of a block of query rows kept in L2 between two products in `rows.cc`'s tile
-(`panels.h`), where XLA's attention wrote them to memory and read them back. Two variants'
-decode has a kernel of its own: absorbed MLA (`latent.cc`, `latent.py`: both absorbs and the
-attention over the cached latents, wkv_b read as stored, where XLA copied and transposed its
-slices every call) and sparse attention (`sparse.cc`, `sparse.py`: the indexer's scores, the
-top-k picks and the attention over them, where XLA's top_k, sort and gathers took half the
-step's attention).
+(`panels.h`), where XLA's attention wrote them to memory and read them back. Two variants
+have kernels of their own: absorbed MLA's decode (`latent.cc`, `latent.py`: both absorbs and
+the attention over the cached latents, wkv_b read as stored, where XLA copied and transposed
+its slices every call) and sparse attention, at decode and in a prefill chunk (`sparse.cc`,
+`sparse.py`: the indexer's scores, the top-k picks and the attention over them, where XLA's
+top_k, sort and gathers took half the step's attention and copied every query's picks).
 """
 
 from __future__ import annotations
