@@ -23,6 +23,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from microbench import blas
 from microbench.files import printable
 
 
@@ -101,6 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = build_parser()
         args = parser.parse_args(argv)
         prog = f"{parser.prog} {args.command}"
+        blas.one_thread()  # LAPACK's spinning worker would hold a core (microbench.blas)
         return int(args._run(args) or 0)
     except KeyboardInterrupt as err:
         name = str(err.args[0]) if err.args else ""

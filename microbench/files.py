@@ -22,6 +22,7 @@ import re
 import shutil
 import signal
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -177,14 +178,27 @@ def output_set(out_dir: str | Path) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def _signals_held():
-    if not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+    """SIGINT and SIGTERM wait until the block is done. This thread's mask blocks them, and in
+    the main thread their handlers are swapped for ones that only record them: a signal sent
+    to the process may land on any of its threads (jax's, OpenBLAS's), and Python then runs the
+    handler in the main thread whatever that thread's mask says. On exit the handlers come
+    back and what arrived is raised again (an enclosing hold records it in turn)."""
+    pending: list[int] = []
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        for s in _HELD:
+            handlers[s] = signal.signal(s, lambda n, _frame: pending.append(n))
+    mask = (signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+            if hasattr(signal, "pthread_sigmask") else None)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        if mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a blocked one is recorded now
+        for s, h in handlers.items():
+            signal.signal(s, signal.SIG_DFL if h is None else h)
+        for n in dict.fromkeys(pending):
+            signal.raise_signal(n)
 
 
 def _remove_stale(out: Path) -> None:
