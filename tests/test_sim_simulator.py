@@ -111,10 +111,12 @@ def test_bad_input():
         sim.run([Request(0, (1, 2), 1)])
 
 
-def test_replays_an_engine_run():
-    """Fed the engine's own step intervals, the simulator plans the same steps, and its
-    token times differ from the engine's only by the time the engine spent committing."""
+def test_replays_an_engine_run(monkeypatch):
+    """Fed the engine's own step intervals from the engine's first step on, the simulator
+    plans the same steps, and its token times differ from the engine's only by the time the
+    engine spent committing."""
     from refmodel.serving.engine import Engine
+    from refmodel.sim import simulator
 
     cfg = dataclasses.replace(refmodel.presets.get("tiny"), attention="gqa")
     model = refmodel.init(cfg, seed=0)
@@ -128,8 +130,20 @@ def test_replays_an_engine_run():
     starts = [s.time for s in real.steps]
     lengths = [b - a for a, b in zip(starts, starts[1:], strict=False)] + [real.steps[-1].seconds]
     intervals = iter(lengths)
+
+    class FromTheEnginesFirstStep(simulator.VirtualClock):
+        """The engine's first step starts a moment after its clock does (its first loop
+        turn): started at 0, the simulator's steps would each come that moment early, and
+        an arrival inside it would join a different step (seen once under load)."""
+
+        def __init__(self):
+            super().__init__()
+            self.t = starts[0]
+
+    monkeypatch.setattr(simulator, "VirtualClock", FromTheEnginesFirstStep)
     sim = Simulator(lambda plan: next(intervals), num_pages=7, **kw)
     run = sim.run(reqs)
+    assert run.steps[0].time == starts[0]  # the replay starts where the engine's first step did
     plan = [(s.prefill, s.decode_rows, s.preempted) for s in real.steps]
     assert [(s.prefill, s.decode_rows, s.preempted) for s in run.steps] == plan
     assert real.preemptions > 0 and real.hit_tokens > 0  # the trace exercises the scheduler
