@@ -61,7 +61,8 @@ static void rows_job(const RowsArgs& a, int64_t b, int64_t kh, int64_t r0, int64
     for (int64_t h = 0; h < H; h++) qr[r * H + h] = qs[h] * a.scale;
   }
   pack(qr.data(), x.data(), R, H);
-  for (int64_t p = 0; p < SP / P; p++) panel(x.data(), kt, (const float*)nullptr, s.data(), R, H, SP, p);
+  for (int64_t p = 0; p < SP / P; p++)
+    panel(x.data(), kt, (const float*)nullptr, s.data(), R, H, SP, p);
   std::vector<float> sum(R);
   for (int64_t r = 0; r < R; r++) {  // each row over its own seen keys; the rest exp -> 0
     const int64_t t = (r0 + r) / G;
@@ -81,7 +82,8 @@ static void rows_job(const RowsArgs& a, int64_t b, int64_t kh, int64_t r0, int64
     sum[r] = total;
   }
   pack(s.data(), x.data(), R, SP);
-  for (int64_t c = 0; c < HP / P; c++) panel(x.data(), vt, (const float*)nullptr, o.data(), R, SP, HP, c);
+  for (int64_t c = 0; c < HP / P; c++)
+    panel(x.data(), vt, (const float*)nullptr, o.data(), R, SP, HP, c);
   for (int64_t r = 0; r < R; r++) {
     const int64_t t = (r0 + r) / G, g = (r0 + r) % G;
     float* dst = a.out + (((b * a.T + t) * a.K + kh) * G + g) * H;

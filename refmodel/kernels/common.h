@@ -95,6 +95,16 @@ static inline vec sums16(vec* d) {
 }
 #endif
 
+// a . b over n floats: whole vectors summed lane-wise, then the tail.
+static inline float dot(const float* a, const float* b, int64_t n) {
+  vec acc = {};
+  int64_t i = 0;
+  for (; i + VL <= n; i += VL) acc += *(const vec*)(a + i) * *(const vec*)(b + i);
+  float s = hsum(acc);
+  for (; i < n; i++) s += a[i] * b[i];
+  return s;
+}
+
 // Keep a loaded vector in a register: without it GCC 12 folds a load into every FMA that uses
 // it, one load per FMA instead of one per vector.
 #if defined(__AVX512F__)

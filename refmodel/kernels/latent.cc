@@ -38,15 +38,6 @@ struct LatentArgs {
 constexpr int64_t CH = 256;  // keys per chunk
 constexpr int64_t PFK = 16;  // keys ahead to prefetch
 
-static inline float dot(const float* a, const float* b, int64_t n) {
-  vec acc = {};
-  int64_t i = 0;
-  for (; i + VL <= n; i += VL) acc += *(const vec*)(a + i) * *(const vec*)(b + i);
-  float s = hsum(acc);
-  for (; i < n; i++) s += a[i] * b[i];
-  return s;
-}
-
 // Rows r0 .. r1 of wkv_b, read in order: ql[b, n, r] = scale q_nope[b, n] . w[r, n, :P] for
 // every sequence and head; the scale is folded into the latent query here and into the rope
 // query in `chunk`. (Per head, the rows' W_UK parts lie N (P + U) floats apart: walked head
@@ -86,35 +77,30 @@ static void absorb_in(const LatentArgs& a, int64_t r0, int64_t r1, float* ql) {
 // loads 4 key and 4 query vectors for 16 FMAs), then one transpose-sum: lane 4 g + i is head
 // g's score of key i. (16 keys' dot products per head, a load per FMA, took ~2.7x the FMAs'
 // time.)
+// d[4 g + i] += q[g] . k[i] over the whole vectors of n channels (q rows and k rows n apart),
+// each step's 4 key and 4 query vectors pinned in registers for the 16 FMAs.
+static inline void dots4x4(const float* q, const float* k, int64_t n, vec* d) {
+  for (int64_t h = 0; h + VL <= n; h += VL) {
+    vec kv[4];
+    for (int i = 0; i < 4; i++) {
+      kv[i] = *(const vec*)(k + i * n + h);
+      PIN(kv[i]);
+    }
+    for (int g = 0; g < 4; g++) {
+      vec qv = *(const vec*)(q + g * n + h);
+      PIN(qv);
+      for (int i = 0; i < 4; i++) d[g * 4 + i] += qv * kv[i];
+    }
+  }
+}
+
 static void scores4x4(const LatentArgs& a, const float* ql, const float* qr, const float* lat,
                       const float* rope, float* s, int64_t sstride) {
   const int64_t R = a.R, Q = a.Q, RV = R / VL * VL, QV = Q / VL * VL;
   vec d[16];
   for (int i = 0; i < 16; i++) d[i] = vec{};
-  for (int64_t h = 0; h < RV; h += VL) {
-    vec k[4];
-    for (int i = 0; i < 4; i++) {
-      k[i] = *(const vec*)(lat + i * R + h);
-      PIN(k[i]);
-    }
-    for (int g = 0; g < 4; g++) {
-      vec q = *(const vec*)(ql + g * R + h);
-      PIN(q);
-      for (int i = 0; i < 4; i++) d[g * 4 + i] += q * k[i];
-    }
-  }
-  for (int64_t h = 0; h < QV; h += VL) {
-    vec k[4];
-    for (int i = 0; i < 4; i++) {
-      k[i] = *(const vec*)(rope + i * Q + h);
-      PIN(k[i]);
-    }
-    for (int g = 0; g < 4; g++) {
-      vec q = *(const vec*)(qr + g * Q + h);
-      PIN(q);
-      for (int i = 0; i < 4; i++) d[g * 4 + i] += q * k[i];
-    }
-  }
+  dots4x4(ql, lat, R, d);  // the latent channels
+  dots4x4(qr, rope, Q, d);  // the rope key's
   const vec t = sums16(d);
   for (int g = 0; g < 4; g++)
     for (int i = 0; i < 4; i++) {

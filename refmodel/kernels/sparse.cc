@@ -37,15 +37,6 @@ struct SparseArgs {
 constexpr int64_t SB = 256;  // keys per block of the indexer pass
 constexpr int64_t PF = 8;    // picked rows ahead to prefetch (every line of the row)
 
-static inline float dot(const float* a, const float* b, int64_t n) {
-  vec acc = {};
-  int64_t i = 0;
-  for (; i + VL <= n; i += VL) acc += *(const vec*)(a + i) * *(const vec*)(b + i);
-  float s = hsum(acc);
-  for (; i < n; i++) s += a[i] * b[i];
-  return s;
-}
-
 // I(s) of query r's keys s0 .. s1, into sc [B T, S].
 static void index_scores(const SparseArgs& a, int64_t r, int64_t s0, int64_t s1, float* sc) {
   const int64_t b = r / a.T;
