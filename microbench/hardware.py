@@ -370,7 +370,9 @@ def _mem_total_bytes() -> float | None:
 
 # Vector datapath per microarchitecture: FMA pipes per core and the width each pipe executes
 # per cycle (a 512-bit instruction on a 256-bit datapath takes two cycles). Keyed by
-# (vendor, family, model range); sources are the vendors' optimisation guides.
+# (vendor, family, model range or list) and, where a VM's model number misleads, by the ISA
+# flags ("requires", "lacks"); sources are the vendors' optimisation guides.
+INTEL = "GenuineIntel"
 MICROARCH = (
     {"vendor": "AuthenticAMD", "family": 0x17, "models": (0x00, 0x2F), "name": "Zen / Zen+",
      "fma_pipes": 2, "datapath_bits": 128,
@@ -405,28 +407,95 @@ MICROARCH = (
      "fma_pipes": 2, "datapath_bits": 256,
      "source": "AMD Software Optimization Guide for Family 1Ah (doc 58455): mobile parts "
                "execute 512-bit ops on a 256-bit datapath"},
+    # Intel: the Optimization Reference Manual (doc 248966) per core. Intel's model numbers are
+    # listed one by one; "lacks" names flags the part does not have, so a VM that reports a
+    # client model number with a server part's flags (seen: model 0xA7, Rocket Lake, with AMX
+    # and AVX512-FP16) falls through to the entry its flags identify.
+    {"vendor": INTEL, "family": 6, "model_list": (0x3C, 0x3F, 0x45, 0x46, 0x3D, 0x47, 0x4F,
+                                                  0x56, 0x4E, 0x5E, 0x8E, 0x9E, 0xA5, 0xA6),
+     "name": "Haswell to Comet Lake", "fma_pipes": 2, "datapath_bits": 256,
+     "lacks": ("avx512f",),
+     "source": "Intel 64 and IA-32 Architectures Optimization Reference Manual (doc 248966): "
+               "two 256-bit FMA units (ports 0 and 1)"},
+    {"vendor": INTEL, "family": 6, "model_list": (0x55,), "name": "Skylake-SP / Cascade Lake",
+     "fma_pipes": 2, "datapath_bits": 512, "lacks": ("amx_tile",),
+     "source": "Intel Optimization Reference Manual (doc 248966): a 512-bit FMA on ports 0+1 "
+               "and one on port 5 (Xeon Gold 6000 / Platinum; Bronze, Silver and some Gold "
+               "5000 parts have only the first, so for them this is an upper bound)"},
+    {"vendor": INTEL, "family": 6, "model_list": (0x6A, 0x6C), "name": "Ice Lake-SP",
+     "fma_pipes": 2, "datapath_bits": 512, "lacks": ("amx_tile",),
+     "source": "Intel Optimization Reference Manual (doc 248966): two 512-bit FMA units "
+               "(ports 0+1 fused, port 5)"},
+    {"vendor": INTEL, "family": 6, "model_list": (0x7D, 0x7E, 0x8C, 0x8D, 0xA7),
+     "name": "Ice Lake / Tiger Lake / Rocket Lake (client)", "fma_pipes": 2,
+     "datapath_bits": 256, "lacks": ("amx_tile", "avx512_fp16"),
+     "source": "Intel Optimization Reference Manual (doc 248966): client Sunny/Willow/Cypress "
+               "Cove has one 512-bit FMA (ports 0+1 fused), i.e. two 256-bit FMAs' worth"},
+    {"vendor": INTEL, "family": 6, "model_list": (0x8F, 0xCF, 0xAD, 0xAE),
+     "name": "Sapphire / Emerald / Granite Rapids", "fma_pipes": 2, "datapath_bits": 512,
+     "source": "Intel Optimization Reference Manual (doc 248966): Golden Cove server cores have "
+               "two 512-bit FMA units (ports 0+1 fused, port 5)"},
+    {"vendor": INTEL, "family": 6, "requires": ("amx_tile",),
+     "name": "Sapphire Rapids or later (identified by its AMX tiles)", "fma_pipes": 2,
+     "datapath_bits": 512,
+     "source": "Intel Optimization Reference Manual (doc 248966): every Xeon with AMX (Sapphire "
+               "Rapids and later) has two 512-bit FMA units per core"},
 )
 
 
-def microarchitecture(cpu_id: dict) -> dict | None:
-    """The MICROARCH entry for {vendor, family, model}, or None (unknown part)."""
+def _model_matches(entry: dict, model: int | None) -> bool:
+    if "requires" in entry and "models" not in entry and "model_list" not in entry:
+        return True  # identified by its flags alone
+    if model is None:
+        return False
+    if "model_list" in entry:
+        return model in entry["model_list"]
+    lo, hi = entry["models"]
+    return lo <= model <= hi
+
+
+def _flags_match(entry: dict, flags: dict | None) -> bool:
+    if flags is None:
+        return "requires" not in entry
+    return (all(flags.get(f) for f in entry.get("requires", ()))
+            and not any(flags.get(f) for f in entry.get("lacks", ())))
+
+
+def microarchitecture(cpu_id: dict, flags: dict | None = None) -> dict | None:
+    """The MICROARCH entry for {vendor, family, model} whose flag conditions `flags` meet
+    (without flags: the model number's entry, flag-identified entries excluded), or None."""
     for entry in MICROARCH:
-        lo, hi = entry["models"]
         if (cpu_id.get("vendor") == entry["vendor"] and cpu_id.get("family") == entry["family"]
-                and cpu_id.get("model") is not None and lo <= cpu_id["model"] <= hi):
+                and _model_matches(entry, cpu_id.get("model")) and _flags_match(entry, flags)):
             return entry
     return None
+
+
+def _contradicted(cpu_id: dict, flags: dict) -> list[str]:
+    """Why the part's model number was not believed: entries it names whose flags disagree."""
+    out = []
+    for entry in MICROARCH:
+        if (cpu_id.get("vendor") == entry["vendor"] and cpu_id.get("family") == entry["family"]
+                and ("models" in entry or "model_list" in entry)
+                and _model_matches(entry, cpu_id.get("model"))
+                and not _flags_match(entry, flags)):
+            bad = [f for f in entry.get("lacks", ()) if flags.get(f)]
+            out.append(f"model {cpu_id['model']:#x} is {entry['name']}, which lacks "
+                       f"{', '.join(bad)}; this CPU advertises them (a VM's model number), so "
+                       f"the flags identify the part")
+    return out
 
 
 def _datapath(flags: dict, cpu_id: dict) -> tuple[int, int, list[str], bool]:
     """(FMA pipes, f32 lanes per pipe per cycle, why, known) from the flags and the table."""
     lanes, lanes_why = _simd_f32_lanes(flags)
-    arch = microarchitecture(cpu_id)
+    arch = microarchitecture(cpu_id, flags)
+    doubts = _contradicted(cpu_id, flags)
     if arch is None:
-        return 2, lanes, [lanes_why, "unknown microarchitecture: 2 FMA pipes of the widest "
-                          "advertised vector assumed (an upper bound)"], False
+        return 2, lanes, [lanes_why, *doubts, "unknown microarchitecture: 2 FMA pipes of the "
+                          "widest advertised vector assumed (an upper bound)"], False
     path = arch["datapath_bits"] // 32
-    why = [lanes_why, f"{arch['name']}: {arch['fma_pipes']} FMA pipes x "
+    why = [lanes_why, *doubts, f"{arch['name']}: {arch['fma_pipes']} FMA pipes x "
            f"{arch['datapath_bits']}-bit datapath ({arch['source']})"]
     return arch["fma_pipes"], min(lanes, path), why, True
 
@@ -451,7 +520,7 @@ def cpu_device() -> Device:
     f32_cycle = fma_pipes * lanes * 2.0
     low, low_why = _low_precision_rates(flags, f32_cycle)
     per_cycle = {"float32": f32_cycle, **low}
-    arch = microarchitecture(cpu_id)
+    arch = microarchitecture(cpu_id, flags)
     derivation = {
         "formula": "cores x FLOP/cycle/core x clock; f32 FLOP/cycle = FMA pipes x lanes x 2",
         "cores": cores, "fma_pipes": fma_pipes, "f32_lanes": lanes, "clock_hz": hz,

@@ -1,8 +1,9 @@
 """This machine's theoretical FLOP/cycle (microbench.hardware) comes from the datapath table,
 not from the widest advertised vector: Zen 3 and Zen 4 execute 512-bit work on 256-bit pipes
 (Zen 3 has no AVX-512 at all; a VM may still advertise it), Zen 5 server parts have the full
-512-bit datapath, and a part not in the table is labelled an upper bound. All on fake cpu ids
-and a fake /proc/cpuinfo, never the real one."""
+512-bit datapath, Intel parts are told apart by model number and, where a VM's model number
+misleads, by their flags; a part not in the table is labelled an upper bound. All on fake cpu
+ids and a fake /proc/cpuinfo, never the real one. The measured clock's two chains must agree."""
 
 import pytest
 
@@ -29,8 +30,50 @@ def test_microarchitecture_lookup(family, model, name):
     assert arch["source"]  # every entry cites its guide
 
 
+INTEL = "GenuineIntel"
+SPR = AVX512 + " avx512_fp16 amx_tile amx_bf16 amx_int8"
+
+
+@pytest.mark.parametrize("model, flag_line, name, per_cycle", [
+    (0x55, AVX512, "Skylake-SP / Cascade Lake", 64),
+    (0x6A, AVX512, "Ice Lake-SP", 64),
+    (0x8F, SPR, "Sapphire / Emerald / Granite Rapids", 64),
+    (0xA7, AVX512, "Ice Lake / Tiger Lake / Rocket Lake (client)", 32),
+    (0x9E, AVX2, "Haswell to Comet Lake", 32),
+    # a VM that reports Rocket Lake's model with a server part's AMX: the flags decide
+    (0xA7, SPR, "Sapphire Rapids or later (identified by its AMX tiles)", 64),
+    (0x01, SPR, "Sapphire Rapids or later (identified by its AMX tiles)", 64),
+])
+def test_intel_parts_by_model_and_flags(model, flag_line, name, per_cycle):
+    cpu_id = {"vendor": INTEL, "family": 6, "model": model}
+    assert hardware.microarchitecture(cpu_id, flags(flag_line))["name"] == name
+    got, why, known = _f32_per_cycle(flag_line, 6, model, vendor=INTEL)
+    assert (got, known) == (per_cycle, True)
+    contradicted = any("a VM's model number" in w for w in why)
+    assert contradicted == (model == 0xA7 and "amx_tile" in flag_line)
+
+
+def test_intel_model_without_its_flags_is_unknown():
+    # Skylake-SP's model number on a part without AVX-512 is no Skylake-SP we know of; neither
+    # is an Intel part with no AMX and a model number outside the table
+    assert hardware.microarchitecture({"vendor": INTEL, "family": 6, "model": 0x3C},
+                                      flags(AVX512)) is None
+    assert hardware.microarchitecture({"vendor": INTEL, "family": 6, "model": 0x01},
+                                      flags(AVX512)) is None
+
+
+@pytest.mark.parametrize("add_hz, mul_hz, agreed", [
+    (2.58e9, 2.57e9, 2.58e9),
+    (10.4e9, 2.6e9, None),  # an add chain folded at rename: no clock claimed
+    (2.0e9, 2.3e9, None),
+    (0.0, 2.0e9, None),
+])
+def test_measured_clock_needs_both_chains_to_agree(add_hz, mul_hz, agreed):
+    assert sysinfo._agreed_clock(add_hz, mul_hz) == agreed
+
+
 @pytest.mark.parametrize("cpu_id", [
-    {"vendor": "GenuineIntel", "family": 0x19, "model": 0x01},  # right numbers, wrong vendor
+    {"vendor": INTEL, "family": 0x19, "model": 0x01},  # right numbers, wrong vendor
     {"vendor": AMD, "family": 0x19, "model": None},
     {"vendor": AMD, "family": 0x19, "model": 0xB0},  # past every Zen 3/4 range
     {"vendor": AMD, "family": 0x15, "model": 0x01},
@@ -69,7 +112,7 @@ def test_zen5_server_has_the_full_512_bit_datapath():
 
 
 def test_unknown_part_assumes_the_widest_vector_and_says_upper_bound():
-    per_cycle, why, known = _f32_per_cycle(AVX512, 6, 0x8F, vendor="GenuineIntel")
+    per_cycle, why, known = _f32_per_cycle(AVX512, 6, 0x01, vendor="GenuineIntel")
     assert per_cycle == 64 and not known
     assert any("upper bound" in w for w in why)
     assert _f32_per_cycle("asimd fp", None, None, vendor=None)[0] == 16  # 2 x 4 NEON lanes
@@ -110,7 +153,7 @@ def test_cpu_device_on_known_amd_parts(monkeypatch, fresh_cpu_device, family, mo
 
 
 def test_cpu_device_on_an_unknown_part_is_an_upper_bound(monkeypatch, fresh_cpu_device):
-    _fake_cpuinfo(monkeypatch, "GenuineIntel", 6, 0x8F, AVX512, cores=2, hz=2e9)
+    _fake_cpuinfo(monkeypatch, "GenuineIntel", 6, 0x01, AVX512, cores=2, hz=2e9)
     dev = fresh_cpu_device()
     assert dev.derivation["bound"].startswith("upper bound")
     assert dev.derivation["microarchitecture"] is None
