@@ -8,7 +8,7 @@ back, every program that can reach each main roof:
     gemm_float32  f32 GEMM at the best square shape    numpy (OpenBLAS) matmul
     main_rw       in-place scale, donated buffer       C in-place scale and triad (all cores),
                                                        numpy in-place multiply (1 thread)
-    main_read     jnp.sum                              C read (all cores, 8 vector accumulators)
+    main_read     jnp.sum                              C read (all cores, 4 streams each)
 
 plus the probes, a short XLA read and GEMM that later phase points repeat before and after
 themselves (microbench.probe), so each prediction can be scaled to the bandwidth of its own moment.

@@ -24,7 +24,8 @@
 // 512-bit FMAs: 8 rows no longer filled them), 12 chained [768, 2048] products, 3 alternations
 // of the two builds, median of 15 calls each: 16 / 32 / 64 / 256 rows 133-164 / 177-196 /
 // 218-238 / 275-283 GFLOP/s against 106-129 / 148-182 / 201-213 / 191-235; 8 rows the same.
-// The weight row PF inputs ahead is prefetched into L2.
+// The weight row PF inputs ahead is prefetched into L2. With 1-6 rows, 2 or 4 panels are
+// read side by side (`streams` in panels.h): more reads in flight per core.
 //
 // Measured on a 2-core Zen 4 (AVX-512), 2026-12-02. 113 chained products of llama-309m's
 // shapes (1.10 GB), interleaved in one process (OpenMP threads, the same blocks of work) with
@@ -51,14 +52,14 @@ template <typename T>
 static void run(ffi::ThreadPool& pool, const float* x, const T* wp, const float* scale,
                 float* yp, int64_t M, int64_t K, int64_t N, int64_t panels) {
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
-  const int64_t per = std::max<int64_t>(1, panels / (SHARES * threads));
+  const int64_t S = streams(M);  // blocks of whole groups of S panels
+  const int64_t per = std::max<int64_t>(1, panels / (SHARES * threads * S)) * S;
   const int64_t blocks = (panels + per - 1) / per;
   auto xs = std::make_shared<std::vector<float>>(M * K);
   pack(x, xs->data(), M, K);
   const float* xp = xs->data();
   parallel_for(pool, blocks, [=](int64_t c) {
-    for (int64_t p = c * per; p < std::min(panels, (c + 1) * per); p++)
-      panel(xp, wp, scale, yp, M, K, N, p);
+    panel_range(xp, wp, scale, yp, M, K, N, c * per, std::min(panels, (c + 1) * per));
   });
 }
 
