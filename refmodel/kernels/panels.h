@@ -131,6 +131,8 @@ static int64_t streams(int64_t M) {
 }
 
 // Panels p .. p + S for every row of x (M <= 6, one pass; the S panels wholly inside N).
+// Only as `streams` picks S: 4 for M <= 2 (the cases past 2 name tile<1, 4> only so that
+// no tile the registers cannot hold is instantiated; they never run).
 template <int S, typename T>
 static void panels(const float* xp, const T* wp, const float* scale, float* y, int64_t M,
                    int64_t K, int64_t N, int64_t p) {
