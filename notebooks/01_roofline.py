@@ -204,7 +204,9 @@ print("triad counts agree with XLA; I = 1/6")
 # core while the main-memory one ran on all of them, so XLA's two numbers need not be ordered.
 # CHECK (fails on a wrong byte count or a cache-resident "main memory"): at a fixed thread count
 # (the native read of microbench.native, every core on its own slice) a working set a quarter
-# of the last-level cache reads faster than one of 8x it.
+# of the cache level below the last reads faster than one of 8x the last. Not a quarter of
+# the last level itself: a VM shares it with its neighbours (on a 2-core Xeon VM a quarter of
+# its 105 MiB L3 once read at 9.5 GB/s against 20.4 from main memory).
 n_small = llc // 16  # a quarter of the last-level cache, in float32
 t = harness.time_fn(scale.fn, *bandwidth.kernel_args(scale, n_small), donate_argnums=(0,),
                     **BUDGET)
@@ -216,14 +218,16 @@ print(f"XLA scale in place, {n_small * 4 >> 20} MiB (in cache): "
       f"{plots.fmt_si(cache_bw['median'], 'B/s')} vs main memory {plots.fmt_si(BETA, 'B/s')}")
 if native.available():
     threads = len(ENV["affinity"])
+    levels = [size for _, size in peaks.memory_levels(ENV, SPEC)]
+    cached = (levels[-2] if len(levels) > 1 else llc) // 4
     rate = {}
-    for size in (llc // 4, 8 * llc):
+    for size in (cached, 8 * llc):
         (pt,) = native.sweep(size, size, 2.0, 64 << 20, threads)
         rate[size] = pt["bytes"] * pt["repeats"] / float(np.median(pt["seconds"]))
-    print(f"native read, {threads} threads: {llc // 4 >> 20} MiB "
-          f"{plots.fmt_si(rate[llc // 4], 'B/s')}, {8 * llc >> 20} MiB "
+    print(f"native read, {threads} threads: {cached >> 10} KiB "
+          f"{plots.fmt_si(rate[cached], 'B/s')}, {8 * llc >> 20} MiB "
           f"{plots.fmt_si(rate[8 * llc], 'B/s')}")
-    assert rate[llc // 4] > rate[8 * llc], (
+    assert rate[cached] > rate[8 * llc], (
         "main memory read faster than the cache at a fixed thread count: wrong byte count?",
         rate)
 else:
