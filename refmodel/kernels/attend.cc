@@ -155,7 +155,7 @@ static void chunk(const Args& a, int64_t b, int64_t kh, int64_t g0, int64_t t0, 
     vec vv[NH];
     for (int h = 0; h < NH; h++) vv[h] = *(const vec*)(vr + h * VL);
     for (int g = 0; g < GB; g++) {
-      const vec p = vec{} + s[g][j];
+      const vec p = bcast(s[g][j]);
       for (int h = 0; h < NH; h++) acc[g][h] += p * vv[h];
     }
   }

@@ -124,7 +124,7 @@ static void values(const float* p, int64_t pstride, const float* lat, int64_t R,
     vec v[HB];
     for (int h = 0; h < HB; h++) v[h] = *(const vec*)(lat + j * R + h0 + h * VL);
     for (int g = 0; g < NG; g++) {
-      const vec pg = vec{} + p[g * pstride + j];
+      const vec pg = bcast(p[g * pstride + j]);
       for (int h = 0; h < HB; h++) sum[g][h] += pg * v[h];
     }
   }
@@ -255,7 +255,7 @@ static void out_block(const LatentArgs& a, const float* ol, int64_t n, int64_t b
     vec wv[UB];
     for (int h = 0; h < UB; h++) wv[h] = *(const vec*)(wr + h * VL);
     for (int i = 0; i < NB; i++) {
-      const vec x = vec{} + ol[((b0 + i) * N + n) * R + r];
+      const vec x = bcast(ol[((b0 + i) * N + n) * R + r]);
       for (int h = 0; h < UB; h++) acc[i][h] += x * wv[h];
     }
   }

@@ -11,7 +11,7 @@ constexpr int64_t P = 32;  // outputs per panel: rows.py's PANEL, the stored lay
 constexpr int NV = P / VL;               // vectors per panel row
 constexpr int CV = NV < 2 ? NV : 2;      // of them per tile
 constexpr int MB = REGS >= 32 ? 12 : 4;  // rows of x per pass over a panel
-constexpr int64_t PF = 2048;             // bytes of the panel ahead to prefetch
+constexpr int64_t PF = 4096;             // bytes of the panel ahead to prefetch
 
 // The weight's stored numbers: float32, or int8 with one float32 scale per output (y = scale
 // times the sum over the int8 values, as refmodel/quant.py's "int8" format stores them).
@@ -54,15 +54,16 @@ static void tile(const float* xb, int64_t m0, const T* pw, const float* scale, i
       const float* xk = xb + (k + u) * B;
       for (int s = 0; s < S; s++) {
         const T* wk = w + s * K * P + (k + u) * P;
-        // past the panel's end: the next panel
-        __builtin_prefetch(reinterpret_cast<const char*>(wk) + PF, 0, 2);
+        // every line of the row PF bytes ahead (past the panel's end: the next panel)
+        for (int64_t l = 0; l < int64_t(P * sizeof(T)); l += 64)
+          __builtin_prefetch(reinterpret_cast<const char*>(wk) + PF + l, 0, 2);
         vec wv[CV];
         for (int v = 0; v < CV; v++) {
           wv[v] = load(wk + v * VL);
           PIN(wv[v]);
         }
         for (int b = 0; b < B; b++) {
-          const vec xv = vec{} + xk[b];
+          const vec xv = bcast(xk[b]);
           for (int v = 0; v < CV; v++) acc[u][s][b][v] += xv * wv[v];
         }
       }
@@ -72,7 +73,7 @@ static void tile(const float* xb, int64_t m0, const T* pw, const float* scale, i
     for (int s = 0; s < S; s++)
       for (int b = 0; b < B; b++)
         for (int v = 0; v < CV; v++)
-          acc[0][s][b][v] += (vec{} + xb[k * B + b]) * load(w + s * K * P + k * P + v * VL);
+          acc[0][s][b][v] += bcast(xb[k * B + b]) * load(w + s * K * P + k * P + v * VL);
   for (int s = 0; s < S; s++)
     for (int b = 0; b < B; b++)
       for (int v = 0; v < CV; v++) {

@@ -24,8 +24,17 @@
 // 512-bit FMAs: 8 rows no longer filled them), 12 chained [768, 2048] products, 3 alternations
 // of the two builds, median of 15 calls each: 16 / 32 / 64 / 256 rows 133-164 / 177-196 /
 // 218-238 / 275-283 GFLOP/s against 106-129 / 148-182 / 201-213 / 191-235; 8 rows the same.
-// The weight row PF inputs ahead is prefetched into L2. With 1-6 rows, 2 or 4 panels are
-// read side by side (`streams` in panels.h): more reads in flight per core.
+// Every line of the weight row PF bytes ahead is prefetched into L2. With 1-6 rows, 2 or 4
+// panels are read side by side (`streams` in panels.h): more reads in flight per core. x's
+// inputs are broadcast by load (`bcast`, common.h), not through port 5, which Intel's FMAs use.
+//
+// On a 2-core Xeon (KVM, AMX), 2026-12-03, a harness of this tile (OpenMP threads, the same
+// blocks) against the C read in alternation, 11 rounds: the prefetch of both lines of a row
+// 4 KiB ahead (was one line, 2 KiB) and the broadcast loads took a product over 1 GiB at 1 / 2
+// / 4 / 8 rows from 0.95 / 0.92 / 0.77 / 0.62 of the read to 0.97 / 1.00 / 0.83 / 0.72, and
+// the GEMM of [512, 1024] x [1024, 4096] from 110 to 156 GFLOP/s (128 rows 108 -> 140).
+// Tried there and dropped: 2 panels side by side for 7-12 rows in passes of 3, 4 or 6 (0.55-
+// 0.66 at 8 rows, not better); prefetch distances 2, 8 and 16 KiB (8 rows: within 3% of 4).
 //
 // Measured on a 2-core Zen 4 (AVX-512), 2026-12-02. 113 chained products of llama-309m's
 // shapes (1.10 GB), interleaved in one process (OpenMP threads, the same blocks of work) with
