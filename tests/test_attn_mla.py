@@ -17,7 +17,7 @@ from conftest import assert_close, tiny
 from flax import nnx
 
 import refmodel
-from refmodel.attention.mla import NORM_FLOPS, MLACache
+from refmodel.attention.mla import NORM_FLOPS, ROPE_FLOPS, MLACache
 from refmodel.attention.mla import MultiHeadLatentAttention as MLA
 from refmodel.counting import Dtypes, total
 
@@ -242,9 +242,12 @@ def test_costs_match_the_jaxpr_matmuls(absorb, q_lora, new, context):
     N = cfg.n_heads
     # Elementwise FLOPs the cost model adds to matmul ops: the RMSNorms inside qkv_proj and,
     # absorbed, the sum of the latent and rope scores.
+    # The rope op's product is its table's (`rope_table`, a product with the identity).
     elementwise = {"qkv_proj": NORM_FLOPS * M * (q_lora + cfg.kv_lora_rank),
-                   "attn_scores": M * N * keys if absorb else 0}
-    matmul_ops = ("qkv_proj", "kv_expand", "absorb", "attn_scores", "attn_values", "out_proj")
+                   "attn_scores": M * N * keys if absorb else 0,
+                   "rope": ROPE_FLOPS * M * (N + 1) * cfg.qk_rope_dim}
+    matmul_ops = ("qkv_proj", "rope", "kv_expand", "absorb", "attn_scores", "attn_values",
+                  "out_proj")
     assert set(counted) <= set(matmul_ops), counted
     for op in matmul_ops:
         want = ops[op].flops - elementwise.get(op, 0)

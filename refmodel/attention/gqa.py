@@ -27,6 +27,8 @@ from refmodel.attention.common import (
     causal_mask,
     positions_of,
     rope,
+    rope_table,
+    rope_table_flops,
     write_at,
 )
 from refmodel.config import ModelConfig
@@ -141,8 +143,10 @@ class GroupedQueryAttention(AttentionLayer):
             q, k = self.q_norm(q), self.k_norm(k)
         if cfg.position == "rope":
             with jax.named_scope("rope"):
-                q = rope(q, positions, cfg.rotary_dim, cfg.rope_theta)
-                k = rope(k, positions, cfg.rotary_dim, cfg.rope_theta)
+                rows = jnp.broadcast_to(positions, x.shape[:2])  # [B, T]: a row per token
+                table = rope_table(rows, cfg.rotary_dim, cfg.rope_theta)
+                q = rope(q, positions, cfg.rotary_dim, cfg.rope_theta, table)
+                k = rope(k, positions, cfg.rotary_dim, cfg.rope_theta, table)
         q = q.reshape(B, T, K, N // K, H)
         return q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
@@ -280,8 +284,8 @@ def gqa_costs(cfg: ModelConfig, K: int, batch: int, new: int, keys: int,
     qkv = matmul(BT, D, (N + 2 * K) * H, dt)
     if cfg.attn_bias:
         qkv = qkv + Cost(flops=BT * (N + 2 * K) * H, weight_bytes=(N + 2 * K) * H * dt.param_size)
-    rope_cost = Cost(flops=ROPE_FLOPS * BT * (N + K) * cfg.rotary_dim) if cfg.position == "rope" \
-        else Cost()
+    rope_cost = Cost(flops=ROPE_FLOPS * BT * (N + K) * cfg.rotary_dim
+                     + rope_table_flops(BT, cfg.rotary_dim)) if cfg.position == "rope" else Cost()
     qk_norm = Cost(flops=QK_NORM_FLOPS * BT * (N + K) * H, weight_bytes=2 * H * dt.param_size) \
         if cfg.qk_norm else Cost()
     # Cache bytes by `Dtypes.kv_bytes`: a quantized cache also moves one scale per H-vector.

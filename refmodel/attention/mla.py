@@ -62,6 +62,8 @@ from refmodel.attention.common import (
     from_heads,
     positions_of,
     rope,
+    rope_table,
+    rope_table_flops,
     to_heads,
     write_at,
 )
@@ -153,8 +155,10 @@ class MultiHeadLatentAttention(AttentionLayer):
         q_nope, q_rope, k_rope = q[..., :P], q[..., P:], kv[..., R:]
         if cfg.position == "rope":
             with jax.named_scope("rope"):
-                q_rope = rope(q_rope, positions, cfg.qk_rope_dim, cfg.rope_theta)
-                k_rope = rope(k_rope, positions, cfg.qk_rope_dim, cfg.rope_theta)
+                rows = jnp.broadcast_to(positions, x.shape[:2])  # [B, T]: a row per token
+                table = rope_table(rows, cfg.qk_rope_dim, cfg.rope_theta)
+                q_rope = rope(q_rope, positions, cfg.qk_rope_dim, cfg.rope_theta, table)
+                k_rope = rope(k_rope, positions, cfg.qk_rope_dim, cfg.rope_theta, table)
         return q_nope, q_rope, latent, k_rope
 
     @staticmethod
@@ -292,8 +296,8 @@ class MultiHeadLatentAttention(AttentionLayer):
             qkv = matmul(BT, D, N * (P + Q), dt)
         qkv = qkv + matmul(BT, D, R + Q, dt) + Cost(flops=NORM_FLOPS * BT * R,
                                                     weight_bytes=R * dt.param_size)
-        rope_cost = Cost(flops=ROPE_FLOPS * BT * (N + 1) * Q) if cfg.position == "rope" \
-            else Cost()
+        rope_cost = Cost(flops=ROPE_FLOPS * BT * (N + 1) * Q + rope_table_flops(BT, Q)) \
+            if cfg.position == "rope" else Cost()
         ops = {"qkv_proj": qkv, "rope": rope_cost,
                "kv_write": Cost(kv_bytes=latent_bytes(cfg, BT, dt)),
                "attn_softmax": Cost(flops=ATTN_SOFTMAX_FLOPS * BT * N * keys),
