@@ -22,6 +22,15 @@
 // of 256 queries, the [B, K, G, 256, S] scores written, masked, soft-maxed and read back) at
 // 75 GFLOP/s for `medium`'s layer at T = S = 1024 (K = 8, G = 2, H = 64), where one of its
 // einsums alone ran at 174-229 and a 2-D GEMM of the same shape at 240-340 (2-core Zen 5).
+//
+// A job's buffers are the thread's scratch, kept between calls, and a row's masked keys get
+// exp 0 without computing it. Allocated per job, a block's buffers (192 KiB each at 1024
+// keys) went back to the OS and were faulted in again every job; and every masked score went
+// through exp. This file's jobs run on one core of a 2-core Xeon (KVM, AMX), `medium`'s layer
+// (K = 8, G = 2, H = 64, causal), best of 7, the two builds alternated 3 times, 2026-12-03:
+// T = S = 512 20.0-20.4 -> 13.7-14.0 ms, 1024 107.7-109.9 -> 50.3-50.9 ms. Of the 512 case's
+// time now: the two products 71%, the scores' transpose for the second (`pack`) 11%, the
+// softmax 12%.
 #include <cmath>
 #include <cstring>
 
@@ -48,42 +57,59 @@ static void pack_kv(const RowsArgs& a, int64_t b, int64_t kh, float* kt, float* 
     }
 }
 
+// This thread's scratch of at least n floats, kept between calls: allocated per job, the
+// buffers of a block of 48 rows at 1024 keys (192 KiB each) went to the OS and back every job
+// (mmap, page faults, zeroing): a third of a `medium` layer's attention at T = S = 1024.
+static float* scratch(int64_t n) {
+  static thread_local std::vector<float> buf;
+  if (int64_t(buf.size()) < n) buf.resize(n);
+  return buf.data();
+}
+
 // Rows r0 .. r0 + R of (b, kh) (row t G + g): scores, softmax, values, into out.
 static void rows_job(const RowsArgs& a, int64_t b, int64_t kh, int64_t r0, int64_t R,
                      const float* kt, const float* vt) {
   const int64_t H = a.H, SP = a.SP, HP = a.HP, G = a.G;
-  std::vector<float> x(R * std::max(H, SP)), s(R * SP), o(R * HP);
+  float* x = scratch(R * (std::max(H, SP) + SP + HP + H + 1));  // x, s, o, qr, sum
+  float* s = x + R * std::max(H, SP);
+  float* o = s + R * SP;
+  float* qr = o + R * HP;
+  float* sum = qr + R * H;
   // the rows' queries, scaled, as x [R, H]; packed in blocks of MB rows
-  std::vector<float> qr(R * H);
   for (int64_t r = 0; r < R; r++) {
     const int64_t t = (r0 + r) / G, g = (r0 + r) % G;
     const float* qs = a.q + (((b * a.T + t) * a.K + kh) * G + g) * H;
     for (int64_t h = 0; h < H; h++) qr[r * H + h] = qs[h] * a.scale;
   }
-  pack(qr.data(), x.data(), R, H);
-  for (int64_t p = 0; p < SP / P; p++)
-    panel(x.data(), kt, (const float*)nullptr, s.data(), R, H, SP, p);
-  std::vector<float> sum(R);
-  for (int64_t r = 0; r < R; r++) {  // each row over its own seen keys; the rest exp -> 0
+  pack(qr, x, R, H);
+  for (int64_t p = 0; p < SP / P; p++) panel(x, kt, (const float*)nullptr, s, R, H, SP, p);
+  // Each row over its own seen keys n: their max and exps, the rest 0 (exp(-inf)): the exps
+  // of the masked keys are not computed (their scores were, as counted).
+  for (int64_t r = 0; r < R; r++) {
     const int64_t t = (r0 + r) / G;
     const int64_t n = std::clamp<int64_t>(a.lens[b * a.T + t], 1, a.S);
-    float* sr = s.data() + r * SP;
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < n; j++) mx = std::max(mx, sr[j]);
-    for (int64_t j = n; j < SP; j++) sr[j] = -INFINITY;
+    const int64_t nv = (n + VL - 1) / VL * VL;  // whole vectors: SP is a multiple of VL
+    float* sr = s + r * SP;
+    for (int64_t j = n; j < nv; j++) sr[j] = -INFINITY;
+    vec mv = bcast(sr[0]);
+    for (int64_t j = 0; j < nv; j += VL) {
+      const vec v = *(vec*)(sr + j);
+      mv = v > mv ? v : mv;
+    }
+    float mx = mv[0];
+    for (int64_t l = 1; l < VL; l++) mx = std::max(mx, mv[l]);
+    const vec m = bcast(mx);
     vec acc = {};
-    for (int64_t j = 0; j < SP; j += VL) {
-      const vec e = vexp(*(vec*)(sr + j) - mx);
+    for (int64_t j = 0; j < nv; j += VL) {
+      const vec e = vexp(*(vec*)(sr + j) - m);
       *(vec*)(sr + j) = e;
       acc += e;
     }
-    float total = 0.0f;
-    for (int64_t l = 0; l < VL; l++) total += acc[l];
-    sum[r] = total;
+    std::memset(sr + nv, 0, sizeof(float) * (SP - nv));
+    sum[r] = hsum(acc);
   }
-  pack(s.data(), x.data(), R, SP);
-  for (int64_t c = 0; c < HP / P; c++)
-    panel(x.data(), vt, (const float*)nullptr, o.data(), R, SP, HP, c);
+  pack(s, x, R, SP);
+  for (int64_t c = 0; c < HP / P; c++) panel(x, vt, (const float*)nullptr, o, R, SP, HP, c);
   for (int64_t r = 0; r < R; r++) {
     const int64_t t = (r0 + r) / G, g = (r0 + r) % G;
     float* dst = a.out + (((b * a.T + t) * a.K + kh) * G + g) * H;
