@@ -43,17 +43,20 @@ def test_rows_equals_numpy(m, k, n, seed):
     np.testing.assert_allclose(native_rows(x, w), oracle, rtol=1e-5, atol=1e-5 * np.sqrt(k))
 
 
+@pytest.mark.parametrize("k", [101, 3])
 @pytest.mark.parametrize("n", [333, 288])
 @pytest.mark.parametrize("m", [*range(1, 14), 16, 17, 24, 25, 33, 61])
-def test_rows_every_pass_and_tile(m, n):
+def test_rows_every_pass_and_tile(m, n, k):
     """Each tile the kernel has (1-12 rows of x per pass, 2 or 4 panels side by side for 1-6
-    rows) and a second to sixth pass, on a K that is not a multiple of the unrolling and an N
-    of 333 (the last panel ends inside a vector, after whole groups of panels) or 288 (nine
-    whole panels: the last group ends at N): tails of tiles, groups, panels and of the
-    threads' shares, deterministically (the property test above samples them)."""
+    rows, a panel's inputs in 4 parts on the first pass of 7 or more) and a second to sixth
+    pass, on a K that is not a multiple of the unrolling or the parts (101) or below the parts
+    (3), and
+    an N of 333 (the last panel ends inside a vector, after whole groups of panels) or 288
+    (nine whole panels: the last group ends at N): tails of tiles, parts, groups, panels and of
+    the threads' shares, deterministically (the property test above samples them)."""
     rng = np.random.default_rng(m)
-    x = rng.standard_normal((m, 101)).astype(np.float32)
-    w = rng.standard_normal((101, n)).astype(np.float32)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(np.float32)
     oracle = x.astype(np.float64) @ w.astype(np.float64)
     np.testing.assert_allclose(native_rows(x, w), oracle, rtol=1e-5, atol=1e-4)
 

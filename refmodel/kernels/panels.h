@@ -36,9 +36,11 @@ static inline vec load(const int8_t* w) {
 // and the S - 1 after it), over all K inputs. xb is x's block of rows m0 .. m0 + B, transposed
 // ([K, B], `pack`): the B inputs of a step are adjacent. U partial sums per output so that at
 // least 8 independent FMA chains hide the FMA latency even for one row of x. S > 1 reads S
-// panels side by side, S streams in flight per core (`streams`). `scale`: one per output
+// panels side by side, S streams in flight per core (`streams`); KS > 1 reads one panel's K
+// inputs as KS parts side by side (k, k + K / KS, ...), KS streams into the same accumulators
+// (`panel`'s first pass of 7 or more rows of float32 weights). `scale`: one per output
 // (int8), or null.
-template <int B, int S, typename T>
+template <int B, int S, typename T, int KS = 1>
 static void tile(const float* xb, int64_t m0, const T* pw, const float* scale, int c0,
                  int64_t K, float* y, int64_t N, int64_t n0) {
   constexpr int U = (B * CV * S >= 8) ? 1 : (B * CV * S >= 4 ? 2 : 4);
@@ -48,32 +50,41 @@ static void tile(const float* xb, int64_t m0, const T* pw, const float* scale, i
       for (int b = 0; b < B; b++)
         for (int v = 0; v < CV; v++) acc[u][s][b][v] = vec{};
   const T* w = pw + c0 * VL;
-  const int64_t ku = K / U * U;
+  const int64_t kq = K / KS;  // inputs per part
+  const int64_t ku = kq / U * U;
   for (int64_t k = 0; k < ku; k += U) {
     for (int u = 0; u < U; u++) {
-      const float* xk = xb + (k + u) * B;
-      for (int s = 0; s < S; s++) {
-        const T* wk = w + s * K * P + (k + u) * P;
-        // every line of the row PF bytes ahead (past the panel's end: the next panel)
-        for (int64_t l = 0; l < int64_t(P * sizeof(T)); l += 64)
-          __builtin_prefetch(reinterpret_cast<const char*>(wk) + PF + l, 0, 2);
-        vec wv[CV];
-        for (int v = 0; v < CV; v++) {
-          wv[v] = load(wk + v * VL);
-          PIN(wv[v]);
-        }
-        for (int b = 0; b < B; b++) {
-          const vec xv = bcast(xk[b]);
-          for (int v = 0; v < CV; v++) acc[u][s][b][v] += xv * wv[v];
+      for (int q = 0; q < KS; q++) {
+        const int64_t kk = q * kq + k + u;
+        const float* xk = xb + kk * B;
+        for (int s = 0; s < S; s++) {
+          const T* wk = w + s * K * P + kk * P;
+          // every line of the row PF bytes ahead (past the panel's end: the next panel)
+          for (int64_t l = 0; l < int64_t(P * sizeof(T)); l += 64)
+            __builtin_prefetch(reinterpret_cast<const char*>(wk) + PF + l, 0, 2);
+          vec wv[CV];
+          for (int v = 0; v < CV; v++) {
+            wv[v] = load(wk + v * VL);
+            PIN(wv[v]);
+          }
+          for (int b = 0; b < B; b++) {
+            const vec xv = bcast(xk[b]);
+            for (int v = 0; v < CV; v++) acc[u][s][b][v] += xv * wv[v];
+          }
         }
       }
     }
   }
-  for (int64_t k = ku; k < K; k++)
-    for (int s = 0; s < S; s++)
-      for (int b = 0; b < B; b++)
-        for (int v = 0; v < CV; v++)
-          acc[0][s][b][v] += bcast(xb[k * B + b]) * load(w + s * K * P + k * P + v * VL);
+  // the inputs outside the unrolled loop: each part's last kq - ku, then K's last K - KS kq
+  // (a loop, not a lambda: one capturing acc by reference kept it in memory, not registers)
+  for (int q = 0; q <= KS; q++) {
+    const int64_t lo = q < KS ? q * kq + ku : KS * kq, hi = q < KS ? (q + 1) * kq : K;
+    for (int64_t k = lo; k < hi; k++)
+      for (int s = 0; s < S; s++)
+        for (int b = 0; b < B; b++)
+          for (int v = 0; v < CV; v++)
+            acc[0][s][b][v] += bcast(xb[k * B + b]) * load(w + s * K * P + k * P + v * VL);
+  }
   for (int s = 0; s < S; s++)
     for (int b = 0; b < B; b++)
       for (int v = 0; v < CV; v++) {
@@ -90,10 +101,43 @@ static void tile(const float* xb, int64_t m0, const T* pw, const float* scale, i
       }
 }
 
+// Rows m0 .. m0 + B of x (B <= MB) against panel pw's vectors c0 .. c0 + CV: tile<B, 1, T,
+// KS>. (With MB = 4 the cases past 4 never run; they name tile<1> only so that no tile is
+// instantiated that the registers cannot hold.)
+template <int KS, typename T>
+static void pass(int64_t B, const float* xb, int64_t m0, const T* pw, const float* scale,
+                 int c0, int64_t K, float* y, int64_t N, int64_t n0) {
+  switch (B) {
+    case 1: tile<1, 1, T, KS>(xb, m0, pw, scale, c0, K, y, N, n0); break;
+    case 2: tile<2, 1, T, KS>(xb, m0, pw, scale, c0, K, y, N, n0); break;
+    case 3: tile<3, 1, T, KS>(xb, m0, pw, scale, c0, K, y, N, n0); break;
+    case 4: tile<4, 1, T, KS>(xb, m0, pw, scale, c0, K, y, N, n0); break;
+    case 5: tile<(MB >= 5 ? 5 : 1), 1, T, KS>(xb, m0, pw, scale, c0, K, y, N, n0); break;
+    case 6: tile<(MB >= 6 ? 6 : 1), 1, T, KS>(xb, m0, pw, scale, c0, K, y, N, n0); break;
+    case 7: tile<(MB >= 7 ? 7 : 1), 1, T, KS>(xb, m0, pw, scale, c0, K, y, N, n0); break;
+    case 8: tile<(MB >= 8 ? 8 : 1), 1, T, KS>(xb, m0, pw, scale, c0, K, y, N, n0); break;
+    case 9: tile<(MB >= 9 ? 9 : 1), 1, T, KS>(xb, m0, pw, scale, c0, K, y, N, n0); break;
+    case 10: tile<(MB >= 10 ? 10 : 1), 1, T, KS>(xb, m0, pw, scale, c0, K, y, N, n0); break;
+    case 11: tile<(MB >= 11 ? 11 : 1), 1, T, KS>(xb, m0, pw, scale, c0, K, y, N, n0); break;
+    default: tile<MB, 1, T, KS>(xb, m0, pw, scale, c0, K, y, N, n0); break;
+  }
+}
+
 // Panel p for every row of x: MB rows of x per pass, CV vectors of the panel per tile. The
 // first pass reads the panel from memory, later ones (more rows, other vectors) from L2.
-// (With MB = 4 the cases past 4 never run; they name tile<1> only so that no tile is
-// instantiated that the registers cannot hold.)
+// The first pass of 7 or more rows of float32 weights (one panel at a time: `streams`) reads
+// its K inputs as KSPLIT parts side by side: one stream per core left an Intel core short of
+// reads in flight while it computed. A 2-core Xeon (KVM, AMX), 2026-12-03: a product over 1
+// GiB of panels on both cores (OpenMP, the same blocks), three calls each, 8 rows 17.9-18.9 ->
+// 26.4-27.5 GB/s (8 parts: 25.4-27.0), 12 rows 18.7-19.1 -> 23.5-24.5, 16 rows 15.2 ->
+// 18.8-19.5, 7 rows 17.5-19.4 -> 20.8-22.9; through JAX, llama-309m's 113 products chained,
+// median of 9, three alternations of the two builds: 8 rows 76-86 -> 62-76 ms, 16 rows 103-106
+// -> 87-114. Tried and dropped: parts for 3-6 rows instead of 2 panels side by side (float32
+// even through JAX; int8, compute-bound from 4 rows, 21-29 -> 31-32 ms at 4 rows) and for
+// int8 at 7 or more (8 rows 34-51 -> 40-47, 16 rows 68-91 -> 76-96). A 512-row GEMM is the
+// same either way (the later passes are most of it).
+constexpr int KSPLIT = 4;
+
 template <typename T>
 static void panel(const float* xp, const T* wp, const float* scale, float* y, int64_t M,
                   int64_t K, int64_t N, int64_t p) {
@@ -102,21 +146,15 @@ static void panel(const float* xp, const T* wp, const float* scale, float* y, in
   for (int c0 = 0; c0 < NV; c0 += CV) {
     if (n0 + c0 * VL >= N) break;  // vectors wholly past N: zero weights, nothing to write
     for (int64_t m0 = 0; m0 < M; m0 += MB) {
+      const int64_t B = std::min<int64_t>(MB, M - m0);
       const float* xb = xp + m0 * K;
-      switch (std::min<int64_t>(MB, M - m0)) {
-        case 1: tile<1, 1>(xb, m0, pw, scale, c0, K, y, N, n0); break;
-        case 2: tile<2, 1>(xb, m0, pw, scale, c0, K, y, N, n0); break;
-        case 3: tile<3, 1>(xb, m0, pw, scale, c0, K, y, N, n0); break;
-        case 4: tile<4, 1>(xb, m0, pw, scale, c0, K, y, N, n0); break;
-        case 5: tile<(MB >= 5 ? 5 : 1), 1>(xb, m0, pw, scale, c0, K, y, N, n0); break;
-        case 6: tile<(MB >= 6 ? 6 : 1), 1>(xb, m0, pw, scale, c0, K, y, N, n0); break;
-        case 7: tile<(MB >= 7 ? 7 : 1), 1>(xb, m0, pw, scale, c0, K, y, N, n0); break;
-        case 8: tile<(MB >= 8 ? 8 : 1), 1>(xb, m0, pw, scale, c0, K, y, N, n0); break;
-        case 9: tile<(MB >= 9 ? 9 : 1), 1>(xb, m0, pw, scale, c0, K, y, N, n0); break;
-        case 10: tile<(MB >= 10 ? 10 : 1), 1>(xb, m0, pw, scale, c0, K, y, N, n0); break;
-        case 11: tile<(MB >= 11 ? 11 : 1), 1>(xb, m0, pw, scale, c0, K, y, N, n0); break;
-        default: tile<MB, 1>(xb, m0, pw, scale, c0, K, y, N, n0); break;
+      if constexpr (sizeof(T) == 4) {
+        if (m0 == 0 && B >= 7) {
+          pass<KSPLIT>(B, xb, m0, pw, scale, c0, K, y, N, n0);
+          continue;
+        }
       }
+      pass<1>(B, xb, m0, pw, scale, c0, K, y, N, n0);
     }
   }
 }
