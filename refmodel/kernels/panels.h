@@ -129,13 +129,14 @@ static void pass(int64_t B, const float* xb, int64_t m0, const T* pw, const floa
 // its K inputs as KSPLIT parts side by side: one stream per core left an Intel core short of
 // reads in flight while it computed. A 2-core Xeon (KVM, AMX), 2026-12-03: a product over 1
 // GiB of panels on both cores (OpenMP, the same blocks), three calls each, 8 rows 17.9-18.9 ->
-// 26.4-27.5 GB/s (8 parts: 25.4-27.0), 12 rows 18.7-19.1 -> 23.5-24.5, 16 rows 15.2 ->
-// 18.8-19.5, 7 rows 17.5-19.4 -> 20.8-22.9; through JAX, llama-309m's 113 products chained,
-// median of 9, three alternations of the two builds: 8 rows 76-86 -> 62-76 ms, 16 rows 103-106
-// -> 87-114. Tried and dropped: parts for 3-6 rows instead of 2 panels side by side (float32
-// even through JAX; int8, compute-bound from 4 rows, 21-29 -> 31-32 ms at 4 rows) and for
-// int8 at 7 or more (8 rows 34-51 -> 40-47, 16 rows 68-91 -> 76-96). A 512-row GEMM is the
-// same either way (the later passes are most of it).
+// 26.4-27.5 GB/s, 12 rows 18.7-19.1 -> 23.5-24.5, 16 rows 15.2 -> 18.8-19.5, 7 rows
+// 17.5-19.4 -> 20.8-22.9; through JAX, llama-309m's 113 products chained,
+// median of 9, five alternations of the two builds: 8 rows 72-83 -> 62-67 ms (and once 114),
+// 16 rows 98-122 -> 86-117 (two). Tried and dropped: parts for 3-6 rows instead of 2 panels
+// side by side (float32 even through JAX; int8, compute-bound from 4 rows, 21-29 -> 31-32 ms
+// at 4 rows) and for int8 at 7 or more (8 rows 34-51 -> 40-47, 16 rows 68-91 -> 76-96). A
+// 512-row GEMM is the same either way (the later passes are most of it); 8 parts: even at 8
+// rows, worse at 16 (16.6-16.8 GB/s).
 constexpr int KSPLIT = 4;
 
 template <typename T>
