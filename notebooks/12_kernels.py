@@ -421,7 +421,9 @@ display(fig)
 # - **Broadcast x, accumulate in registers.** The inner loop (`tile<B>`) takes B rows of x
 #   against a panel over all of K. For every input k it loads the panel's 128-byte row (2
 #   vectors with AVX-512, taken 2 vectors at a time with AVX2 or SSE), broadcasts x[m, k] to
-#   every lane for each of the B rows, and does B fused multiply-adds per vector. The B x 32
+#   every lane for each of the B rows (a broadcast *load*, `bcast` in `common.h`: written
+#   `0 + x` it compiled to a scalar add and a register broadcast, which on Intel runs on port
+#   5, one of its two 512-bit FMA ports), and does B fused multiply-adds per vector. The B x 32
 #   outputs of the tile stay in vector registers over all K, each output in its own lane, so
 #   no horizontal sum is needed. The earlier kernel took dot products of rows of an [N, K]
 #   weight and summed each across its lanes. With fewer than 8 accumulators (1 to 3 rows of
@@ -438,16 +440,19 @@ display(fig)
 #   the inputs a step broadcasts are adjacent.
 # - **Pinned loads.** An empty `asm` (`PIN`) keeps each loaded vector of w in a register;
 #   without it GCC folds the load into every FMA, one load per FMA instead of one per B.
-# - **Prefetch into L2.** While a tile runs, the panel row 16 inputs ahead (2 KiB) is
-#   prefetched into L2 (`__builtin_prefetch(..., 0, 2)`; near a panel's end that is the next
-#   panel). Per the comment at the top of `rows.cc`, no prefetch, a longer distance and a
-#   non-temporal hint were all slower.
+# - **Prefetch into L2.** While a tile runs, every line of the panel row 32 inputs ahead (4
+#   KiB) is prefetched into L2 (`__builtin_prefetch(..., 0, 2)`; near a panel's end that is
+#   the next panel). Per the comment at the top of `rows.cc`, no prefetch and a non-temporal
+#   hint were slower, and other distances no better.
 # - **Blocks of panels per thread on XLA's pool.** The panels are cut into 4 contiguous blocks
 #   per thread, taken from a shared counter by the calling thread and by tasks on XLA's own
 #   intra-op thread pool (the FFI's `ThreadPool` context). So the kernel uses the cores XLA
 #   uses and never oversubscribes them, and each core streams whole contiguous panels: with
-#   1-6 rows of x, 2 or 4 of its panels side by side (more reads in flight per core: on a
-#   2-core Xeon VM one panel at a time read 15.7 GB/s, four side by side 19.4).
+#   1-6 rows of x, 2 or 4 of its panels side by side, and from 7 rows of float32 weights the
+#   first pass reads a panel's inputs in 4 parts side by side (`KSPLIT` in `panels.h`): more
+#   reads in flight per core. On a 2-core Xeon VM one panel at a time read 15.7 GB/s at 1 row,
+#   four side by side 19.4; at 8 rows a product over 1 GiB read 18-19 GB/s in one stream per
+#   core, 26-27 in four parts.
 # - **Built here.** `build.py` compiles it on first use with the C++ compiler on PATH, with
 #   `-O3 -march=native` (AVX-512, AVX2 or SSE, whichever this CPU has), against the FFI
 #   headers in jaxlib, and caches the library under a key of the source, flags, compiler,
