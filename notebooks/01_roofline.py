@@ -316,11 +316,14 @@ for (K, k), e in zip(SWEEP, sweep_points, strict=True):
                                rtol=1e-6)  # to the few scalar bytes XLA may fold away
     np.testing.assert_allclose(e["flops"] / e["bytes"], e["flops_per_byte"], rtol=1e-5)
 for i, e in enumerate(sweep_points):
-    rate = e["flops_per_s"]
-    tol = 1 + spread(rate) + spread(best_bw["bytes_per_s"]) + NOISE
-    if rate["median"] > e["flops_per_byte"] * BETA * tol:  # flagged: time it once more
-        print(f"K={e['K']} k={e['k']}: {rate['median'] / (e['flops_per_byte'] * BETA):.2f} "
-              "of I x beta, above the roof: re-timing it")
+    rate, beta, roof = e["flops_per_s"], BETA, best_bw["bytes_per_s"]
+    tol = 1 + spread(rate) + spread(roof) + NOISE
+    if rate["median"] > e["flops_per_byte"] * beta * tol:
+        # flagged: time it once more, and the in-place scale (the memory roof's kernel) right
+        # after it: a machine whose bandwidth drifts by tens of percent within minutes needs
+        # the roof of the point's own moment (the roof is the faster of the two measurements)
+        print(f"K={e['K']} k={e['k']}: {rate['median'] / (e['flops_per_byte'] * beta):.2f} "
+              "of I x beta, above the roof: re-timing it and the roof")
         _, a_, b_ = compute.fma_inputs(1, e["k"], "float32")
         t = harness.time_fn(intensity.kernel(e["K"], e["k"]), x0, a_, b_, donate_argnums=(0,),
                             **BUDGET)
@@ -328,12 +331,20 @@ for i, e in enumerate(sweep_points):
             "fma_chain_inplace", t, intensity.flops(n_elem, e["K"], e["k"]),
             intensity.bytes_moved(n_elem, e["k"]), K=e["K"], k=e["k"],
             flops_per_byte=e["flops_per_byte"])
+        t = harness.time_fn(scale.fn, x0, jax.numpy.asarray(0.999, "float32"), donate_argnums=(0,),
+                            **BUDGET)
+        now = peaks.entry("scale", t, bandwidth.kernel_flops(scale, n_elem),
+                          bandwidth.kernel_bytes(scale, n_elem, 4, donated=True)["algorithmic"])
+        print(f"  the in-place scale now: {plots.fmt_si(now['bytes_per_s']['median'], 'B/s')} "
+              f"(step 3: {plots.fmt_si(BETA, 'B/s')})")
+        if now["bytes_per_s"]["median"] > beta:
+            beta, roof = now["bytes_per_s"]["median"], now["bytes_per_s"]
         rate = e["flops_per_s"]
-        tol = 1 + spread(rate) + spread(best_bw["bytes_per_s"]) + NOISE
-    assert rate["median"] <= e["flops_per_byte"] * BETA * tol, (e["K"], e["k"], rate)
+        tol = 1 + spread(rate) + spread(roof) + NOISE
+    assert rate["median"] <= e["flops_per_byte"] * beta * tol, (e["K"], e["k"], rate, beta)
     if SPEC is not None and "float32" in SPEC.peak_flops:
         assert rate["median"] <= SPEC.peak_flops["float32"] * (1 + spread(rate)), e
-    print(f"K={e['K']:3d} k={e['k']}: {rate['median'] / (e['flops_per_byte'] * BETA):.2f} of "
+    print(f"K={e['K']:3d} k={e['k']}: {rate['median'] / (e['flops_per_byte'] * beta):.2f} of "
           f"I x beta")
 del x0
 print("AI-sweep counts agree with XLA; every point under the roofline")
