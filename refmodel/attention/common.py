@@ -25,11 +25,6 @@ SINK_FLOPS = 3
 # `rope`: 2 multiplies and 1 add per rotated channel.
 ROPE_FLOPS = 3
 
-
-def rope_table_flops(tokens: float, rotary_dim: int) -> float:
-    """FLOPs of `rope_table` for `tokens` positions: its product with the identity, 2 x
-    rotary_dim x rotary_dim per position (the price of computing each cos and sin once)."""
-    return 2.0 * tokens * rotary_dim * rotary_dim
 # The named scope of a kernel that computes scores, softmax and values in one pass (the native
 # decode attention): the ops it holds, joined by "+" (microbench.breakdown charges its time
 # and their counted cost to one row).
@@ -107,6 +102,12 @@ def rope_table(positions: jax.Array, rotary_dim: int,
     table = jnp.concatenate([jnp.cos(angles), jnp.sin(angles)], axis=-1)
     table = jnp.dot(table, jnp.eye(2 * half, dtype=table.dtype), precision="highest")
     return table[..., :half], table[..., half:]
+
+
+def rope_table_flops(tokens: float, rotary_dim: int) -> float:
+    """FLOPs of `rope_table` for `tokens` positions: its product with the identity, 2 x
+    rotary_dim x rotary_dim per position (the price of computing each cos and sin once)."""
+    return 2.0 * tokens * rotary_dim * rotary_dim
 
 
 def rope(x: jax.Array, positions: jax.Array, rotary_dim: int, theta: float,
