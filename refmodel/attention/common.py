@@ -110,14 +110,19 @@ def rope_table_flops(tokens: float, rotary_dim: int) -> float:
     return 2.0 * tokens * rotary_dim * rotary_dim
 
 
-def rope(x: jax.Array, positions: jax.Array, rotary_dim: int, theta: float,
-         table: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
-    """Rotate the first `rotary_dim` channels of x [B, T, ..., H] by position [T] or [B, T]
-    (`table`: `rope_table(positions, ...)`, when the caller rotates more than one array)."""
+def rope_pair(q: jax.Array, k: jax.Array, positions: jax.Array, rotary_dim: int,
+              theta: float) -> tuple[jax.Array, jax.Array]:
+    """Rotate the first `rotary_dim` channels of q and k [B, T, ..., H] by position [T] or
+    [B, T], both by one table with a row per token of [B, T] (what `rope_table_flops`
+    counts)."""
+    cos, sin = rope_table(jnp.broadcast_to(positions, q.shape[:2]), rotary_dim, theta)
+    return _rotate(q, cos, sin, rotary_dim), _rotate(k, cos, sin, rotary_dim)
+
+
+def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array, rotary_dim: int) -> jax.Array:
+    """x [B, T, ..., H] rotated by cos and sin [B, T, rotary_dim / 2]."""
     half = rotary_dim // 2
-    cos, sin = rope_table(positions, rotary_dim, theta) if table is None else table
-    lead = cos.shape[:-1] if cos.ndim == 3 else (1, cos.shape[0])  # (B or 1, T)
-    shape = lead + (1,) * (x.ndim - 3) + (half,)
+    shape = cos.shape[:2] + (1,) * (x.ndim - 3) + (half,)
     cos, sin = cos.reshape(shape).astype(x.dtype), sin.reshape(shape).astype(x.dtype)
     x1, x2, rest = x[..., :half], x[..., half:rotary_dim], x[..., rotary_dim:]
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], axis=-1)

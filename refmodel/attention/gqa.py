@@ -26,8 +26,7 @@ from refmodel.attention.common import (
     attend,
     causal_mask,
     positions_of,
-    rope,
-    rope_table,
+    rope_pair,
     rope_table_flops,
     write_at,
 )
@@ -143,10 +142,7 @@ class GroupedQueryAttention(AttentionLayer):
             q, k = self.q_norm(q), self.k_norm(k)
         if cfg.position == "rope":
             with jax.named_scope("rope"):
-                rows = jnp.broadcast_to(positions, x.shape[:2])  # [B, T]: a row per token
-                table = rope_table(rows, cfg.rotary_dim, cfg.rope_theta)
-                q = rope(q, positions, cfg.rotary_dim, cfg.rope_theta, table)
-                k = rope(k, positions, cfg.rotary_dim, cfg.rope_theta, table)
+                q, k = rope_pair(q, k, positions, cfg.rotary_dim, cfg.rope_theta)
         q = q.reshape(B, T, K, N // K, H)
         return q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 

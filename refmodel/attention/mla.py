@@ -61,8 +61,7 @@ from refmodel.attention.common import (
     causal_mask,
     from_heads,
     positions_of,
-    rope,
-    rope_table,
+    rope_pair,
     rope_table_flops,
     to_heads,
     write_at,
@@ -155,10 +154,8 @@ class MultiHeadLatentAttention(AttentionLayer):
         q_nope, q_rope, k_rope = q[..., :P], q[..., P:], kv[..., R:]
         if cfg.position == "rope":
             with jax.named_scope("rope"):
-                rows = jnp.broadcast_to(positions, x.shape[:2])  # [B, T]: a row per token
-                table = rope_table(rows, cfg.qk_rope_dim, cfg.rope_theta)
-                q_rope = rope(q_rope, positions, cfg.qk_rope_dim, cfg.rope_theta, table)
-                k_rope = rope(k_rope, positions, cfg.qk_rope_dim, cfg.rope_theta, table)
+                q_rope, k_rope = rope_pair(q_rope, k_rope, positions, cfg.qk_rope_dim,
+                                           cfg.rope_theta)
         return q_nope, q_rope, latent, k_rope
 
     @staticmethod
