@@ -117,8 +117,13 @@ def attention_case(B, K, G, H, ps, n, seed):
     v = rng.standard_normal((P, K, ps, H)).astype(np.float32)
     tables = rng.integers(0, P, (B, n)).astype(np.int32)
     lens = rng.integers(1, n * ps + 1, B).astype(np.int32)
-    scale = 1 / np.sqrt(H)
+    check_attention(q, k, v, tables, lens, 1 / np.sqrt(H))
+
+
+def check_attention(q, k, v, tables, lens, scale):
+    """The kernel's output against the float64 oracle's, sequence by sequence."""
     got = np.asarray(jax.jit(paged_attention, static_argnums=5)(q, k, v, tables, lens, scale))
+    B = q.shape[0]
     for b in range(B):
         kk = numpy_gather(k, tables[b:b + 1], 2)[0, :, :lens[b]]  # [K, L, H]
         vv = numpy_gather(v, tables[b:b + 1], 2)[0, :, :lens[b]]
@@ -146,9 +151,27 @@ def test_paged_attention_equals_softmax_attention(B, K, G, H, ps, n, seed):
        seed=st.integers(0, 2**16))
 def test_paged_attention_fast_path_equals_softmax_attention(B, K, G, H, ps, n, seed):
     """Head sizes of whole vectors (the chunked path with register accumulators): heads
-    in groups and a remainder group, up to 1200 keys (chunks of 256 split over the cores and
-    combined, a chunk's last block cut short), pages that end inside a block."""
+    in groups and a remainder group, up to 1200 keys (chunks of 64-1024 split over the cores
+    and combined, a chunk's last block cut short), pages that end inside a block."""
     attention_case(B, K, G, H, ps, n, seed)
+
+
+@needs_kernels
+@pytest.mark.parametrize("B", [1, 8])  # one chunk of 1000 keys per job, or several chunks
+def test_paged_attention_running_max_grows_in_every_block(B):
+    """Scores rising key after key (head 0), falling (head 1): the one-pass softmax rescales
+    its accumulators at every block of head 0 and never for head 1; both equal the oracle."""
+    rng = np.random.default_rng(0)
+    H, L = 64, 1000
+    q = rng.standard_normal((B, 1, 2, H)).astype(np.float32)
+    q[:, :, 1] = -q[:, :, 0]
+    ramp = np.linspace(0.0, 12.0, L, dtype=np.float32)[:, None]  # scores 0 .. ~12 |q| / 8
+    k = (ramp * q[0, 0, 0] / np.linalg.norm(q[0, 0, 0]) * 8 / np.sqrt(H)).astype(np.float32)
+    k = np.broadcast_to(k, (1, 1, L, H)) + 0.01 * rng.standard_normal((1, 1, L, H))
+    v = rng.standard_normal((1, 1, L, H)).astype(np.float32)
+    tables = np.zeros((B, 1), np.int32)
+    lens = np.full(B, L, np.int32)
+    check_attention(q, k.astype(np.float32), v, tables, lens, 1 / np.sqrt(H))
 
 
 @needs_kernels

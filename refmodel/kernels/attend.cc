@@ -50,18 +50,29 @@ static inline void scores(const float* q, const float* key, int64_t G, int64_t H
 
 // The fast path, for head sizes of 1, 2, 4 or 8 whole vectors (H = 16, 32, 64, 128 with
 // AVX-512; other sizes take the general path below, one job per sequence and KV head): the
-// keys are cut into chunks of CH per (sequence, KV head), so that even one sequence of an MQA
-// layer (B K = 1) keeps every core busy (flash-decoding's split over the keys); a chunk is a
-// plain softmax (its scores, their max and exps, then its values) with the query heads and
-// their accumulators held in registers (the general path keeps them in memory: a store-to-load
-// chain per key and head, ~40 cycles per score and head); the calling thread combines the
-// chunks' maxima, sums and outputs (the online softmax's rescaling, once per chunk).
-// Against the general path in one process on a 2-core Zen 5 (H = 64, one page per sequence,
-// median of 30 calls, two alternations; B, K, G, keys): 8, 4, 3, 1024 (17 MB, in L3) 0.34-0.36
-// vs 0.47-0.52 ms; 8, 4, 3, 4096 (67 MB) 2.1-2.6 vs 2.3-2.4 ms (26-32 GB/s); 1, 1, 12, 1024
-// (MQA) 0.042 vs 0.071-0.111 ms; 32, 4, 3, 1024 2.1-2.4 vs 2.5-2.8 ms. A first version that
-// ran each chunk in blocks of 16 keys with an online softmax per block was slower from main
-// memory (18-22 GB/s at 4096 keys): short alternating runs of key and value rows.
+// keys are cut into chunks per (sequence, KV head), so that even one sequence of an MQA layer
+// (B K = 1) keeps every core busy (flash-decoding's split over the keys); the calling thread
+// combines the chunks' maxima, sums and outputs (the online softmax's rescaling, once per
+// chunk). Within a chunk, blocks of VL keys in one pass: the block's scores (for each query
+// head a transpose-sum of VL dot products: its key rows reloaded from L1 per head), its max,
+// the accumulators rescaled when the running max grows (rarely after the first blocks), its
+// exps, then its value rows into the heads' accumulators, held in registers (the general path
+// keeps them in memory: a store-to-load chain per key and head, ~40 cycles per score and head).
+//
+// History, each measured: a plain softmax per chunk (all its scores, their max and exps, then
+// all its values) beat the general path on a 2-core Zen 5 (8, 4, 3, 1024: 0.34-0.36 vs
+// 0.47-0.52 ms), where blocks of 16 keys with an online softmax had streamed slower (18-22
+// GB/s at 4096 keys). On a 2-core Xeon (KVM, AMX) the plain softmax read its chunk twice, keys
+// then values, and streamed at 0.45-0.67 of the all-core C read: in a C++ harness of this
+// file's jobs (B = 8, H = 64, 4 layers of caches read in turn, median of 9, the C read in the
+// same rounds; B, K, G, keys), the one-pass blocks read 12, 1, 1024 at 0.77-0.82 of the read
+// against 0.62-0.68; 4, 3, 1024 at 0.64-0.70 against 0.49-0.54; 4, 4, 128 (llama-309m's
+// layer) 0.62-0.67 against 0.43-0.45; a plain read of the same rows in the same jobs (no
+// arithmetic) reached 0.76-0.89. Computing each key's offset by a division (token / page
+// size) cost a fifth of the in-cache time: offsets are now made page by page. Longer chunks
+// (up to CH_MAX, while there are at least JOBS_PER_THREAD jobs per thread) read 5-10% faster
+// at 1024 keys; software prefetch PFK rows ahead 1.2-1.3x faster than none (MHA, GQA); 16 rows
+// ahead instead of 8: even.
 struct Args {
   const float *q, *k, *v;
   const int32_t *tables, *lens;
@@ -70,97 +81,104 @@ struct Args {
   float scale;
 };
 
-constexpr int64_t CH = 256;  // keys per chunk
-constexpr int64_t PFK = 8;   // key rows ahead to prefetch
+constexpr int64_t CH_MAX = 1024, CH_MIN = 64;  // keys per chunk
+constexpr int64_t JOBS_PER_THREAD = 4;
+constexpr int64_t PFK = 8;  // key and value rows ahead to prefetch
 
-// One chunk [t0, t1) of sequence b's keys for KV head kh and query heads g0 .. g0 + GB:
-// writes m, l [GB] (the chunk's max score and sum of exp) and acc [GB, H] (not yet divided
-// by l). Scores for the whole chunk first (each key row loaded once for the group), then one
-// softmax pass, then the values: two sequential streams of the chunk's rows.
+// One chunk [t0, t1) of sequence b's keys (at most CH_MAX) for KV head kh and query heads
+// g0 .. g0 + GB: writes m, l [GB] (the chunk's max score and sum of exp) and acc [GB, H] (not
+// yet divided by l).
 template <int NH, int GB>
 static void chunk(const Args& a, int64_t b, int64_t kh, int64_t g0, int64_t t0, int64_t t1,
                   float* m_out, float* l_out, float* acc_out) {
-  const int64_t H = NH * VL, cnt = t1 - t0, cntv = (cnt + VL - 1) / VL * VL;
+  const int64_t H = NH * VL, cnt = t1 - t0;
   vec qv[GB][NH];
   for (int g = 0; g < GB; g++)
     for (int h = 0; h < NH; h++)
       qv[g][h] = *(const vec*)(a.q + ((b * a.K + kh) * a.G + g0 + g) * H + h * VL) * a.scale;
   const int32_t* table = a.tables + b * a.n;
-  alignas(64) float s[GB][CH];
-  int64_t off[CH];
-  for (int64_t j = 0; j < cnt; j++) {
-    const int64_t tok = t0 + j;
-    off[j] = ((table[tok / a.PS] * a.K + kh) * a.PS + tok % a.PS) * H;
+  int64_t off[CH_MAX];  // each key's row, page by page
+  for (int64_t j = 0, tok = t0; j < cnt;) {
+    const int64_t p = tok / a.PS, in = tok - p * a.PS, run = std::min(cnt - j, a.PS - in);
+    const int64_t base = ((table[p] * a.K + kh) * a.PS + in) * H;
+    for (int64_t i = 0; i < run; i++) off[j + i] = base + i * H;
+    j += run, tok += run;
   }
-  // Keys PFK rows ahead are prefetched as the scores go, and each value row as its key is
-  // scored, for the values pass: a chunk is two short streams, too short for the hardware
-  // prefetcher to ramp up on. With the transpose-sum for one head (below), against the
-  // kernel without either, in one process, caches evicted before every call, 30 alternating
-  // calls per shape, two runs (2-core Zen 5; B, K, G, keys): MHA 8, 12, 1, 1024 0.86 / 0.93
-  // of the time; GQA 8, 4, 3, 1024 and 4096 0.92-1.01; MQA 1, 1, 12, 1024 0.92-0.99.
-  auto fetch = [&](int64_t i) {
-    if (i + PFK < cnt)
-      for (int h = 0; h < NH; h++) __builtin_prefetch(a.k + off[i + PFK] + h * VL, 0, 3);
-    for (int h = 0; h < NH; h++) __builtin_prefetch(a.v + off[i] + h * VL, 0, 2);
-  };
-  for (int64_t i = 0; i < std::min<int64_t>(PFK, cnt); i++)
-    for (int h = 0; h < NH; h++) __builtin_prefetch(a.k + off[i] + h * VL, 0, 3);
-  int64_t j = 0;
-#if defined(__AVX512F__)
-  // one query head (MHA): VL keys at once, VL dot products, then one transpose-sum; with more
-  // heads the key rows are loaded once for all of them and summed one by one (reloading them
-  // per head for the transpose-sum ran 1.14-1.25x slower at G = 3)
-  for (; GB == 1 && j + VL <= cnt; j += VL) {
-    for (int64_t i = j; i < j + VL; i++) fetch(i);
-    for (int g = 0; g < GB; g++) {
-      vec d[VL];
-      for (int i = 0; i < VL; i++) {
-        const float* kr = a.k + off[j + i];
-        d[i] = qv[g][0] * *(const vec*)kr;
-        for (int h = 1; h < NH; h++) d[i] += qv[g][h] * *(const vec*)(kr + h * VL);
-      }
-      *(vec*)(s[g] + j) = sums16(d);
+  auto fetch = [&](int64_t i) {  // key and value row i into L1
+    for (int h = 0; h < NH; h++) {
+      __builtin_prefetch(a.k + off[i] + h * VL, 0, 3);
+      __builtin_prefetch(a.v + off[i] + h * VL, 0, 3);
     }
+  };
+  for (int64_t i = 0; i < std::min<int64_t>(PFK, cnt); i++) fetch(i);
+  vec acc[GB][NH], lsum[GB];
+  float m[GB];
+  for (int g = 0; g < GB; g++) {
+    m[g] = -INFINITY;
+    lsum[g] = vec{};
+    for (int h = 0; h < NH; h++) acc[g][h] = vec{};
   }
+  alignas(64) float p[GB][VL];  // the block's scores, then their exps
+  for (int64_t j = 0; j < cnt; j += VL) {
+    const int64_t r = std::min<int64_t>(VL, cnt - j);
+    for (int64_t i = j + PFK; i < std::min(j + r + PFK, cnt); i++) fetch(i);
+    vec sv[GB];
+#if defined(__AVX512F__)
+    if (r == VL) {  // a whole block: per head, VL dot products and one transpose-sum
+      for (int g = 0; g < GB; g++) {
+        vec d[VL];
+        for (int i = 0; i < VL; i++) {
+          const float* kr = a.k + off[j + i];
+          d[i] = qv[g][0] * *(const vec*)kr;
+          for (int h = 1; h < NH; h++) d[i] += qv[g][h] * *(const vec*)(kr + h * VL);
+        }
+        sv[g] = sums16(d);
+      }
+    } else
 #endif
-  for (; j < cnt; j++) {
-    fetch(j);
-    const float* kr = a.k + off[j];
-    vec kv[NH];
-    for (int h = 0; h < NH; h++) kv[h] = *(const vec*)(kr + h * VL);
+    {  // the last, partial block (or no AVX-512): each key row loaded once for the heads
+      for (int g = 0; g < GB; g++)
+        for (int i = r; i < VL; i++) p[g][i] = -INFINITY;  // exp -> ~0
+      for (int i = 0; i < r; i++) {
+        const float* kr = a.k + off[j + i];
+        vec kv[NH];
+        for (int h = 0; h < NH; h++) kv[h] = *(const vec*)(kr + h * VL);
+        for (int g = 0; g < GB; g++) {
+          vec d = qv[g][0] * kv[0];
+          for (int h = 1; h < NH; h++) d += qv[g][h] * kv[h];
+          p[g][i] = hsum(d);
+        }
+      }
+      for (int g = 0; g < GB; g++) std::memcpy(&sv[g], p[g], sizeof(vec));
+    }
     for (int g = 0; g < GB; g++) {
-      vec d = qv[g][0] * kv[0];
-      for (int h = 1; h < NH; h++) d += qv[g][h] * kv[h];
-      s[g][j] = hsum(d);
+      float bm = sv[g][0];
+      for (int i = 1; i < VL; i++) bm = std::max(bm, sv[g][i]);
+      if (bm > m[g]) {  // the running max grows: rescale what is summed so far
+        const float c = std::exp(m[g] - bm);  // 0 on the first block (m = -inf)
+        for (int h = 0; h < NH; h++) acc[g][h] *= c;
+        lsum[g] *= c;
+        m[g] = bm;
+      }
+      sv[g] = vexp(sv[g] - m[g]);
+      lsum[g] += sv[g];
+      std::memcpy(p[g], &sv[g], sizeof(vec));
+    }
+    for (int i = 0; i < r; i++) {  // each value row loaded once for the group
+      const float* vr = a.v + off[j + i];
+      vec vv[NH];
+      for (int h = 0; h < NH; h++) vv[h] = *(const vec*)(vr + h * VL);
+      for (int g = 0; g < GB; g++) {
+        const vec e = bcast(p[g][i]);
+        for (int h = 0; h < NH; h++) acc[g][h] += e * vv[h];
+      }
     }
   }
   for (int g = 0; g < GB; g++) {
-    for (int64_t j = cnt; j < cntv; j++) s[g][j] = -INFINITY;  // exp -> ~0
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < cnt; j++) mx = std::max(mx, s[g][j]);
-    vec sum = {};
-    for (int64_t j = 0; j < cntv; j += VL) {
-      const vec e = vexp(*(vec*)(s[g] + j) - mx);
-      *(vec*)(s[g] + j) = e;
-      sum += e;
-    }
-    m_out[g] = mx;
-    l_out[g] = hsum(sum);
-  }
-  vec acc[GB][NH];
-  for (int g = 0; g < GB; g++)
-    for (int h = 0; h < NH; h++) acc[g][h] = vec{};
-  for (int64_t j = 0; j < cnt; j++) {  // each value row loaded once for the group
-    const float* vr = a.v + off[j];
-    vec vv[NH];
-    for (int h = 0; h < NH; h++) vv[h] = *(const vec*)(vr + h * VL);
-    for (int g = 0; g < GB; g++) {
-      const vec p = bcast(s[g][j]);
-      for (int h = 0; h < NH; h++) acc[g][h] += p * vv[h];
-    }
-  }
-  for (int g = 0; g < GB; g++)
+    m_out[g] = m[g];
+    l_out[g] = hsum(lsum[g]);
     for (int h = 0; h < NH; h++) *(vec*)(acc_out + g * H + h * VL) = acc[g][h];
+  }
 }
 
 template <int NH>
@@ -183,6 +201,10 @@ static void chunk_heads(const Args& a, int64_t b, int64_t kh, int64_t t0, int64_
 static void chunked(const Args& a, ffi::ThreadPool& pool) {
   int64_t longest = 0;
   for (int64_t b = 0; b < a.B; b++) longest = std::max<int64_t>(longest, a.lens[b]);
+  // the longest chunks that still give every thread JOBS_PER_THREAD jobs
+  const int64_t want = JOBS_PER_THREAD * std::max<int64_t>(1, pool.num_threads());
+  int64_t CH = CH_MAX;
+  while (CH > CH_MIN && a.B * a.K * ((longest + CH - 1) / CH) < want) CH /= 2;
   const int64_t C = (longest + CH - 1) / CH, G = a.G, H = a.H;
   // per (b, kh, c): m [G], l [G], acc [G, H]
   auto part = std::make_shared<std::vector<float>>(a.B * a.K * C * G * (H + 2));
