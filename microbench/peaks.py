@@ -306,6 +306,34 @@ def _cache_roofs(result: dict, main: str, spec) -> list[dict]:
     return out
 
 
+def _flag_the_untrusted(check: dict, read: dict, memory_roofs: list[dict], result: dict
+                        ) -> None:
+    """Main memory's read-only roof above the last cache level's plateau: one of the two is
+    not what it claims. A read roof taken in the rounds over an array of at least 16x the
+    last-level cache cannot have been served by that cache (the original failure: a 128 MiB
+    array partly cache-resident read at 140 GB/s), so the plateau is the untrusted one: a
+    "cache" slower than main memory at these sizes is not a cache this machine gives these
+    threads (a VM's L3 shared with other guests, or a size it misreports). Otherwise the read
+    roof is the suspect, as before. The check records which one was flagged."""
+    llc = roofline.last_level_bytes(result["hierarchy"]["all_cores"]["cache_capacities"])
+    array = (result.get("plan") or {}).get("dram_array_bytes") or 0
+    cache = next((r for r in memory_roofs if r["name"] == check["smaller"]), None)
+    if cache is not None and llc and array >= 16 * llc and (result.get("main_roofs") or {}
+                                                            ).get("main_read"):
+        check["reason"] = (
+            f"{check['smaller']} ({cache['value'] / 1e9:.1f} GB/s) reads slower than main "
+            f"memory ({read['value'] / 1e9:.1f} GB/s read-only, measured in the rounds over "
+            f"{array / 2**30:.2f} GiB, {array / llc:.0f}x the last-level cache, so not served "
+            f"by it): this plateau is not a cache level these threads get at these sizes "
+            f"(likely a VM's last-level cache shared with other guests, or its size "
+            f"misreported); flagged, not drawn as a roof")
+        check["flagged"] = check["smaller"]
+        cache["suspect"], cache["reason"] = True, check["reason"]
+        return
+    check["flagged"] = read["name"]
+    read["suspect"], read["reason"] = True, check["reason"]
+
+
 def derive_roofs(result: dict, spec) -> dict:
     """The hardware's roofs: main roofs from the rounds (best program), cache levels from the
     fixed-thread-count sweep, other dtypes and the vector unit from their own sections."""
@@ -349,7 +377,7 @@ def derive_roofs(result: dict, spec) -> dict:
         hier["checks"] = hierarchy.check_monotone(hier["all_cores"]["plateaus"], read)
         for c in hier["checks"]:
             if not c["ok"] and c["larger"] == read["name"]:
-                read["suspect"], read["reason"] = True, c["reason"]
+                _flag_the_untrusted(c, read, memory_roofs, result)
     return {"compute": compute_roofs, "memory": memory_roofs,
             "compiler": _compiler_roofs(result, main),
             "ridges": roofline.ridges(compute_roofs, memory_roofs)}

@@ -272,9 +272,11 @@ def _rounds_block(read_values, rw_values=(30e9, 31e9), gemm=(1.5e11, 1.6e11)):
     return rounds.derive(rs)
 
 
-def _with_rounds(read_values, l3=(9e10, 0.02)):
+def _with_rounds(read_values, l3=(9e10, 0.02), dram_array_bytes=None):
     res = copy.deepcopy(synthetic.result())
     res["main_roofs"] = _rounds_block(read_values)
+    if dram_array_bytes is not None:
+        res.setdefault("plan", {})["dram_array_bytes"] = dram_array_bytes
     plats = [{"name": n, "bytes_per_s": v, "p10": v * (1 - r), "p90": v * (1 + r),
               "lo_bytes": lo, "hi_bytes": hi}
              for n, v, r, lo, hi in (("L1", 3e11, 0.02, 16e3, 64e3), ("L2", 1.5e11, 0.02, 1e5,
@@ -308,11 +310,35 @@ def test_derive_roofs_with_rounds_labels_each_main_roof_with_its_program():
 
 
 def test_main_read_faster_than_the_last_cache_is_flagged_and_not_a_ridge():
-    res = _with_rounds([95e9, 96e9], l3=(5e10, 0.02))  # DRAM read at 95 GB/s, L3 at 50
+    # DRAM read at 95 GB/s, L3 at 50, the read's array only 2x the last-level cache: it may
+    # have been served by the cache, so the read roof is the suspect
+    llc = max(c for _, c in CAPS)
+    res = _with_rounds([95e9, 96e9], l3=(5e10, 0.02), dram_array_bytes=2 * llc)
     read = next(r for r in res["roofs"]["memory"] if r["level"] == "DRAM read")
     assert read["suspect"] and "faster than the smaller L3" in read["reason"]
+    l3 = next(r for r in res["roofs"]["memory"] if r["level"] == "L3")
+    assert not l3["suspect"]
+    assert res["hierarchy"]["checks"][-1]["flagged"] == read["name"]
     assert {r["memory"] for r in res["roofs"]["ridges"]} == {"DRAM"}
     assert points.prediction_inputs(res)["curve"] is None  # nothing trusted to end it at
+
+
+def test_a_cache_plateau_slower_than_a_big_array_read_is_the_flagged_one():
+    """The read roof's array is 16x the last-level cache (no cache could have served it):
+    the plateau below it is flagged instead, and cold points keep the read-only roof."""
+    llc = max(c for _, c in CAPS)
+    res = _with_rounds([60e9, 61e9], l3=(4e10, 0.02), dram_array_bytes=16 * llc)
+    mem = {r["level"]: r for r in res["roofs"]["memory"]}
+    assert mem["L3"]["suspect"] and "reads slower than main memory" in mem["L3"]["reason"]
+    assert not mem["DRAM read"]["suspect"]
+    check = res["hierarchy"]["checks"][-1]
+    assert not check["ok"] and check["flagged"] == "L3"
+    assert "DRAM read-only" in {r["memory"] for r in res["roofs"]["ridges"]}
+    pt = points.attach_prediction(point(1 << 30), res)
+    assert pt["predicted"]["memory_level"] == "DRAM read"
+    # the same plateau under a read roof whose array was small: the read is the suspect
+    small = _with_rounds([60e9, 61e9], l3=(4e10, 0.02), dram_array_bytes=8 * llc)
+    assert next(r for r in small["roofs"]["memory"] if r["level"] == "DRAM read")["suspect"]
 
 
 def test_flag_points_flags_only_points_above_their_roof():
