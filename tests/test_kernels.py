@@ -48,7 +48,8 @@ def test_rows_equals_numpy(m, k, n, seed):
 @pytest.mark.parametrize("m", [*range(1, 14), 16, 17, 24, 25, 33, 61])
 def test_rows_every_pass_and_tile(m, n, k):
     """Each tile the kernel has (1-12 rows of x per pass, 2 or 4 panels side by side for 1-6
-    rows, a panel's inputs in 4 parts on the first pass of 7 or more) and a second to sixth
+    rows, each of the 2 panels' inputs in 2 parts for 3-6, a panel's inputs in 4 parts on the
+    first pass of 7 or more) and a second to sixth
     pass, on a K that is not a multiple of the unrolling or the parts (101) or below the parts
     (3), and
     an N of 333 (the last panel ends inside a vector, after whole groups of panels) or 288
