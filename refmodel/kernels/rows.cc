@@ -27,8 +27,9 @@
 // Every line of the weight row PF bytes ahead is prefetched into L2. With 1-6 rows, 2 or 4
 // panels are read side by side (`streams` in panels.h; with 3-6 rows of float32 weights each
 // of the 2 in 2 parts, `KS3`), and from 7 rows of float32 weights the first pass over a panel
-// reads its inputs in 4 parts side by side (`KSPLIT`): more reads in flight per core. x's inputs are broadcast by load (`bcast`, common.h), not through port 5,
-// which Intel's FMAs use.
+// reads its inputs in 4 parts side by side (`KSPLIT`): more reads in flight per core. x's
+// inputs are broadcast by load (`bcast`, common.h), not through port 5, which Intel's FMAs
+// use.
 //
 // On a 2-core Xeon (KVM, AMX), 2026-12-03, a harness of this tile (OpenMP threads, the same
 // blocks) against the C read in alternation, 11 rounds: the prefetch of both lines of a row
