@@ -175,10 +175,10 @@ static int64_t streams(int64_t M) {
 // no tile the registers cannot hold is instantiated; they never run). 3-6 rows of float32
 // weights also read each of the 2 panels' K inputs in 2 parts side by side (KS3): 4 streams
 // per core, as 1-2 rows get from 4 panels. A 2-core Xeon (KVM, AMX), 2026-12-03, 64 chained
-// products over 1 GiB through JAX against the C read in the same process, two alternations of
-// the builds: 3 / 4 / 6 rows 0.75-0.80 / 0.71 / 0.60-0.76 of the read -> 0.83-0.88 / 0.86-0.91
-// / 0.85-0.95. (Parts instead of the 2 panels had been even; int8, compute-bound from 4 rows,
-// keeps one part.)
+// products over 1 GiB through JAX against the C read in the same process, four alternations
+// of the builds: 3 / 4 / 6 rows 0.75-0.89 / 0.71-0.83 / 0.60-0.83 of the read -> 0.83-0.93 /
+// 0.85-0.91 / 0.85-0.95. (Parts instead of the 2 panels had been even; int8, compute-bound
+// from 4 rows, keeps one part.)
 template <int S, typename T>
 static void panels(const float* xp, const T* wp, const float* scale, float* y, int64_t M,
                    int64_t K, int64_t N, int64_t p) {
