@@ -36,6 +36,8 @@ FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-fPIC", "-
 # symbol in the library -> the FFI target name it is registered under
 TARGETS = {"RowsF32": "refmodel_rows_f32", "RowsI8": "refmodel_rows_int8",
            "RowsAtF32": "refmodel_rows_at_f32", "RowsAtI8": "refmodel_rows_at_int8",
+           "RowsGroupsF32": "refmodel_rows_groups_f32",
+           "RowsGroupsI8": "refmodel_rows_groups_int8",
            "GatherPagesAny": "refmodel_gather_pages",
            "PagedAttentionF32": "refmodel_paged_attention_f32",
            "AttendRowsF32": "refmodel_attend_rows_f32",

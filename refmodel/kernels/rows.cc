@@ -146,6 +146,73 @@ static ffi::Error RowsAtInt8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   return ffi::Error::Success();
 }
 
+// A grouped product (a MoE layer's experts; `jax.lax.ragged_dot`'s contract): x [R, K] holds
+// the rows of E groups one after another, sizes[e] of group e (in order; rows past their sum
+// are not any group's and get zeros), and group e's rows run against matrix e of the stack
+// w_all [E, N / P, K, P]. Every group's blocks of panels are jobs of one parallel region, so
+// each matrix with rows is read once, whatever its rows, and one with none not at all. (A
+// loop of `RowsAt` over tiles of a fixed number of rows read an expert once per tile: at a
+// decode step's few rows per expert, 1.4x the bytes of the experts touched.)
+template <typename T>
+static void run_groups(ffi::ThreadPool& pool, const float* x, const T* w_all, const float* scale,
+                       const int32_t* sizes, float* yp, int64_t R, int64_t K, int64_t N,
+                       int64_t E, int64_t panels) {
+  struct Job {
+    int64_t e, m0, M, lo, hi;
+  };
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  auto xs = std::make_shared<std::vector<float>>(R * K);
+  auto jobs = std::make_shared<std::vector<Job>>();
+  int64_t m0 = 0;
+  for (int64_t e = 0; e < E && m0 < R; e++) {
+    const int64_t M = std::min<int64_t>(std::max<int32_t>(sizes[e], 0), R - m0);
+    if (M == 0) continue;
+    pack(x + m0 * K, xs->data() + m0 * K, M, K);  // each group's rows packed as `run` packs
+    const int64_t S = streams(M);
+    const int64_t per = std::max<int64_t>(1, panels / (SHARES * threads * S)) * S;
+    for (int64_t lo = 0; lo < panels; lo += per)
+      jobs->push_back({e, m0, M, lo, std::min(panels, lo + per)});
+    m0 += M;
+  }
+  std::fill(yp + m0 * N, yp + R * N, 0.0f);  // rows of no group
+  const float* xp = xs->data();
+  const int64_t stride = panels * K * P;
+  parallel_for(pool, int64_t(jobs->size()), [=](int64_t j) {
+    const Job& b = (*jobs)[j];
+    panel_range(xp + b.m0 * K, w_all + b.e * stride, scale ? scale + b.e * N : nullptr,
+                yp + b.m0 * N, b.M, K, N, b.lo, b.hi);
+  });
+}
+
+static ffi::Error RowsGroups(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+                             ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::S32> sizes,
+                             ffi::ResultBuffer<ffi::F32> y) {
+  const auto xd = x.dimensions(), wd = w.dimensions();
+  if (!shapes_ok(w, xd, y->dimensions(), 1) || sizes.dimensions().size() != 1 ||
+      sizes.dimensions()[0] != wd[0])
+    return ffi::Error::InvalidArgument(
+        "rows_groups: x [R, K], w in panels [E, ceil(N / 32), K, 32] with one K, sizes [E], "
+        "y [R, N]");
+  run_groups(pool, x.typed_data(), w.typed_data(), nullptr, sizes.typed_data(),
+             y->typed_data(), xd[0], xd[1], y->dimensions()[1], wd[0], wd[1]);
+  return ffi::Error::Success();
+}
+
+static ffi::Error RowsGroupsInt8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+                                 ffi::Buffer<ffi::S8> w, ffi::Buffer<ffi::F32> scale,
+                                 ffi::Buffer<ffi::S32> sizes, ffi::ResultBuffer<ffi::F32> y) {
+  const auto xd = x.dimensions(), wd = w.dimensions(), sd = scale.dimensions();
+  if (!shapes_ok(w, xd, y->dimensions(), 1) || sizes.dimensions().size() != 1 ||
+      sizes.dimensions()[0] != wd[0] || sd.size() != 2 || sd[0] != wd[0] ||
+      sd[1] != y->dimensions()[1])
+    return ffi::Error::InvalidArgument(
+        "rows_groups_int8: x [R, K], w int8 in panels [E, ceil(N / 32), K, 32] with one K, "
+        "scale [E, N], sizes [E], y [R, N]");
+  run_groups(pool, x.typed_data(), w.typed_data(), scale.typed_data(), sizes.typed_data(),
+             y->typed_data(), xd[0], xd[1], y->dimensions()[1], wd[0], wd[1]);
+  return ffi::Error::Success();
+}
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RowsF32, Rows,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
@@ -180,4 +247,23 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(RowsAtI8, RowsAtInt8,
                                   .Arg<ffi::Buffer<ffi::F32>>()  // scale [E, N]
                                   .Arg<ffi::Buffer<ffi::S32>>()  // index []
                                   .Ret<ffi::Buffer<ffi::F32>>()  // y [M, N]
+);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RowsGroupsF32, RowsGroups,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // x [R, K]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // w_all [E, N / P, K, P]
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // sizes [E]
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // y [R, N]
+);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RowsGroupsI8, RowsGroupsInt8,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // x [R, K]
+                                  .Arg<ffi::Buffer<ffi::S8>>()   // w_all [E, N / P, K, P], int8
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // scale [E, N]
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // sizes [E]
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // y [R, N]
 );

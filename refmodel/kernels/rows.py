@@ -8,7 +8,8 @@ every product with it runs the native kernel, whatever the rows of x. `OutputMaj
 same weight as [*lead, N, K] (each output's K inputs contiguous, as ggml/llama.cpp store it)
 and leaves every product to XLA: `matmul="output-major"`, the pure-JAX lesson. Both are
 pytrees like `quant.Quantized`, so modules are unchanged: they write `x @ self.w_up[...]`
-either way.
+either way. A stack of matrices in panels also runs a grouped product (`Panels.grouped`,
+`rows_groups`: a MoE layer's experts, each on its own rows, in one call).
 
 What each costs, 113 chained products of llama-309m's shapes (1.10 GB; `python -m microbench
 decode` times them each round at 1, 2, 4, 8 and 16 rows; figures/decode.md, 2-core Zen 4,
@@ -76,6 +77,35 @@ def rows(x: jax.Array, wp: jax.Array, n: int, scale: jax.Array | None = None,
     name = ("RowsAt" if stack else "Rows") + ("I8" if int8 else "F32")
     args = (x, wp) + ((scale,) if int8 else ()) + (
         (jnp.asarray(at, jnp.int32).reshape(()),) if stack else ())
+    return jax.ffi.ffi_call(build.TARGETS[name], out, vmap_method="sequential")(*args)
+
+
+def rows_groups(x: jax.Array, wp: jax.Array, n: int, sizes: jax.Array,
+                scale: jax.Array | None = None) -> jax.Array:
+    """A grouped product in the native kernel (`jax.lax.ragged_dot`'s contract): x [R, K]
+    float32 holds E groups of rows one after another, sizes [E] int32 of them each (rows past
+    their sum get zeros), and group e's rows are multiplied by matrix e of the stack wp [E,
+    ceil(N / PANEL), K, PANEL] (float32, or int8 with `scale` float32 [E, n]) -> y [R, n]. All
+    groups run in one call: each matrix with rows is read once, one with none is not read."""
+    R, K = x.shape
+    int8 = wp.dtype == jnp.int8
+    if (x.dtype != jnp.float32 or wp.dtype not in (jnp.float32, jnp.int8) or wp.ndim != 4
+            or wp.shape[2:] != (K, PANEL) or wp.shape[1] != -(-n // PANEL)
+            or sizes.shape != wp.shape[:1] or not jnp.issubdtype(sizes.dtype, jnp.integer)):
+        raise ValueError(f"rows_groups: x float32 [R, K], w float32 or int8 in panels [E, "
+                         f"ceil(n / {PANEL}), K, {PANEL}] with one K and integer sizes [E]; got "
+                         f"x {x.dtype}{list(x.shape)}, w {wp.dtype}{list(wp.shape)}, sizes "
+                         f"{sizes.dtype}{list(sizes.shape)} and n={n}")
+    if int8 != (scale is not None) or (int8 and (scale.dtype != jnp.float32
+                                                 or scale.shape != (wp.shape[0], n))):
+        got = None if scale is None else f"{scale.dtype}{list(scale.shape)}"
+        raise ValueError(f"rows_groups: an int8 w takes scale float32 [E, n={n}], a float32 w "
+                         f"none; got w {wp.dtype} and scale {got}")
+    if not build.load():
+        raise RuntimeError(f"the native kernels are not available: {build.why_not()}")
+    out = jax.ShapeDtypeStruct((R, n), jnp.float32)
+    name = "RowsGroups" + ("I8" if int8 else "F32")
+    args = (x, wp) + ((scale,) if int8 else ()) + (sizes.astype(jnp.int32),)
     return jax.ffi.ffi_call(build.TARGETS[name], out, vmap_method="sequential")(*args)
 
 
@@ -184,6 +214,16 @@ class Panels(_Stored):
     def __rmatmul__(self, x: jax.Array) -> jax.Array:  # x [..., K] @ w [K, N] -> [..., N]
         y = rows(self._rows(x).astype(jnp.float32), self.w, self.n, self.scale, self.at)
         return y.astype(x.dtype).reshape(*x.shape[:-1], self.n)
+
+    def grouped(self, x: jax.Array, sizes: jax.Array) -> jax.Array:
+        """x [R, K] in groups of sizes [E] rows (one after another) times this stack [E, K, N]:
+        group e's rows by matrix e, in one native call (`rows_groups`) -> [R, N]."""
+        if self.lead != 1 or self.at is not None:
+            raise ValueError(f"grouped products take a stack of matrices [E, K, N]; this is "
+                             f"{self.shape}" + (" (one matrix of a stack)" if self.at is not None
+                                               else ""))
+        y = rows_groups(x.astype(jnp.float32), self.w, self.n, sizes, self.scale)
+        return y.astype(x.dtype)
 
     def dequantize(self, dtype=jnp.float32) -> jax.Array:
         """The weight in its original layout [*lead, K, N] (for einsum products)."""
