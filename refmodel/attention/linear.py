@@ -41,6 +41,7 @@ from refmodel.attention.base import AttentionLayer, float_cache_size
 from refmodel.attention.linear_scan import RULES, chunked, recurrent
 from refmodel.config import ModelConfig, one_of, positive
 from refmodel.counting import Cost, Dtypes, matmul
+from refmodel.kernels.recurrence import state_step
 from refmodel.layers import SIGMOID_FLOPS, SILU_FLOPS, SOFTPLUS_FLOPS, param, zeros
 
 STATE_BYTES = 4  # the recurrent state is kept in float32 whatever cfg.dtype
@@ -256,6 +257,12 @@ class LinearAttention(AttentionLayer):
         rows = jnp.arange(keep.shape[0])
         return LinearCache(state=snaps.state[rows, keep - 1], conv=snaps.conv[rows, keep - 1])
 
+    @staticmethod
+    def kernel_steps(cfg: ModelConfig) -> bool:
+        """A decode step updates the state in the native kernel (`kernels/recurrence.cc`): a
+        native model (`matmul="native"`)."""
+        return cfg.matmul == "native"
+
     def __call__(self, x: jax.Array, start: jax.Array, cache: LinearCache | None):
         """x [B, T, D] -> y [B, T, D]; `start` is unused: the state is the position. Every
         row's state and conv window are its own, so rows of a batch may sit at different
@@ -274,7 +281,14 @@ class LinearAttention(AttentionLayer):
         S0 = S0.reshape(B, K, N // K, H, U)
         decode = cache is not None and T == 1
         with jax.named_scope("state_update" if decode else "chunk_scan"):
-            if decode:
+            if decode and self.kernel_steps(self.cfg):
+                # A native model's decode: the state read once and written in place
+                # (kernels/recurrence.cc), where XLA's batched one-row products streamed it
+                # at a quarter of the read roof.
+                f32 = (a[:, 0].astype(jnp.float32) for a in (q, k, v, g, beta))
+                o, S = state_step(cache.state, *f32, delta=self.rule == "gated_delta")
+                o = o[:, None]  # [B, 1, K, G, U]; S [B, N, H, U]
+            elif decode:
                 o, S = recurrent(self.rule, S0, q, k, v, g, beta)  # [B, 1, K, G, U]
             else:
                 o, S = chunked(self.rule, S0, q, k, v, g, beta, self.cfg.linear_chunk)

@@ -9,7 +9,9 @@ with the written value u_t (row vectors: q_t, k_t [H], v_t, u_t [U])
     Mamba-2 SSD (Dao & Gu 2024, arXiv:2405.21060):      u_t = beta_t v_t           (beta = dt)
     gated delta rule (Yang et al. 2024, 2412.06464):    u_t = beta_t (v_t - k_t a_t S_{t-1})
 
-`recurrent` runs it as written: O(H U) work per token, the decode step. `chunked` is the
+`recurrent` runs it as written: O(H U) work per token, the decode step (a native model's
+decode runs the same step in `refmodel/kernels/recurrence.cc`, tested against this one).
+`chunked` is the
 parallel form of prefill (Mamba-2's block decomposition; the WY / UT-transform form of
 Yang et al. 2024, "Parallelizing Linear Transformers with the Delta Rule over Sequence
 Length", arXiv:2406.06484, for the delta rule). Split the sequence into C chunks of `chunk`

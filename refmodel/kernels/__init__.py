@@ -27,6 +27,10 @@ the attention over the cached latents, wkv_b read as stored, where XLA copied an
 its slices every call) and sparse attention, at decode and in a prefill chunk (`sparse.cc`,
 `sparse.py`: the indexer's scores, the top-k picks and the attention over them, where XLA's
 top_k, sort and gathers took half the step's attention and copied every query's picks).
+A linear-attention layer's decode step updates its state in `recurrence.cc`
+(`recurrence.py`: read once, written in place, where XLA's one-row batched products streamed
+it at a quarter of the read roof), and a MoE layer runs its experts as grouped products
+(`rows_groups` in `rows.cc`: each expert with rows read once per step).
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ from pathlib import Path
 import jax
 
 HERE = Path(__file__).parent
-SOURCES = ("rows.cc", "pages.cc", "attend.cc", "attend_rows.cc", "latent.cc", "sparse.cc")
+SOURCES = ("rows.cc", "pages.cc", "attend.cc", "attend_rows.cc", "latent.cc", "sparse.cc",
+           "recurrence.cc")
 HEADERS = ("common.h", "panels.h")  # hashed with the sources: a change rebuilds
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-fPIC", "-shared",
          "-fno-math-errno")
@@ -42,7 +43,8 @@ TARGETS = {"RowsF32": "refmodel_rows_f32", "RowsI8": "refmodel_rows_int8",
            "PagedAttentionF32": "refmodel_paged_attention_f32",
            "AttendRowsF32": "refmodel_attend_rows_f32",
            "AttendLatentF32": "refmodel_attend_latent_f32",
-           "SparseAttendF32": "refmodel_sparse_attend_f32"}
+           "SparseAttendF32": "refmodel_sparse_attend_f32",
+           "StateStepF32": "refmodel_state_step_f32"}
 
 _why_not: list[str] = []
 
