@@ -739,7 +739,10 @@ if race is not None:
 # as one page per sequence), which reads the cache in place, its prefill chunks in
 # `attend_rows.cc` (the scores of a block of query rows kept in L2 between two products), and
 # its absorbed MLA decode in `latent.cc` (both absorbs and the attention over the latents in
-# one call, wkv_b read as stored). `tests/test_cache_in_place.py` checks that no copy is
+# one call, wkv_b read as stored); a linear-attention layer's decode updates its state in
+# `recurrence.cc` (read once, written in place), and a MoE layer's experts run as grouped
+# products (each expert with rows read once per step, not once per tile of rows).
+# `tests/test_cache_in_place.py` checks that no copy is
 # left and keeps the trigger as a reproduction. Counted here, in this machine's compiled decode
 # step of the `tiny` preset (GQA; a copy of an array of a cache array's shape, in the optimized
 # HLO):
