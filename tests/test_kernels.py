@@ -166,6 +166,10 @@ def test_grouped_product_equals_each_group_alone(sizes, int8):
         stored.grouped(jnp.asarray(x), jnp.zeros(3, jnp.int32))
     with pytest.raises(ValueError, match="one matrix of a stack"):
         stored[1].grouped(jnp.asarray(x), jnp.zeros(4, jnp.int32))
+    scale = None if int8 else jnp.ones((E, N), jnp.float32)  # int8 without, float32 with one
+    with pytest.raises(ValueError, match=r"rows_groups: an int8 w takes scale float32 \[E, n="
+                                         r"101\], a float32 w none"):
+        kernels.rows_groups(jnp.asarray(x), stored.w, N, jnp.zeros(4, jnp.int32), scale)
 
 
 @pytest.mark.parametrize("bias", [False, True])

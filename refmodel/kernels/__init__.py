@@ -38,10 +38,10 @@ from __future__ import annotations
 from flax import nnx
 
 from refmodel.kernels.build import load, why_not
-from refmodel.kernels.rows import PANEL, OutputMajor, Panels, panels, rows
+from refmodel.kernels.rows import PANEL, OutputMajor, Panels, panels, rows, rows_groups
 
 __all__ = ["CHOICES", "PANEL", "OutputMajor", "Panels", "available", "choose", "convert", "load",
-           "panels", "rows", "use_native", "why_not"]
+           "panels", "rows", "rows_groups", "use_native", "why_not"]
 
 CHOICES = ("auto", "xla", "output-major", "native")  # what a benchmark or engine may be told
 

@@ -48,6 +48,18 @@ def panels(w: jax.Array) -> jax.Array:
     return jnp.swapaxes(w.reshape(*lead, K, n, PANEL), -3, -2)
 
 
+def _check_scale(fn: str, wp: jax.Array, scale: jax.Array | None, shape: tuple) -> None:
+    """An int8 wp takes one float32 scale per output, `shape` ([n], or [E, n] for a stack); a
+    float32 wp none."""
+    int8 = wp.dtype == jnp.int8
+    if int8 != (scale is not None) or (int8 and (scale.dtype != jnp.float32
+                                                 or scale.shape != shape)):
+        got = None if scale is None else f"{scale.dtype}{list(scale.shape)}"
+        want = "E, " * (len(shape) - 1) + f"n={shape[-1]}"
+        raise ValueError(f"{fn}: an int8 w takes scale float32 [{want}], a float32 w none; got "
+                         f"w {wp.dtype} and scale {got}")
+
+
 def rows(x: jax.Array, wp: jax.Array, n: int, scale: jax.Array | None = None,
          at: jax.Array | int | None = None) -> jax.Array:
     """x [M, K] float32 times the weight whose panels are wp ([ceil(N / PANEL), K, PANEL],
@@ -66,11 +78,7 @@ def rows(x: jax.Array, wp: jax.Array, n: int, scale: jax.Array | None = None,
                          f"[{'E, ' if stack else ''}ceil(n / {PANEL}), K, {PANEL}] with one K; "
                          f"got x {x.dtype}{list(x.shape)}, w {wp.dtype}{list(wp.shape)} and "
                          f"n={n}")
-    if int8 != (scale is not None) or (int8 and (scale.dtype != jnp.float32
-                                                 or scale.shape != (*stack, n))):
-        got = None if scale is None else f"{scale.dtype}{list(scale.shape)}"
-        raise ValueError(f"rows: an int8 w takes scale float32 [{'E, ' if stack else ''}"
-                         f"n={n}], a float32 w none; got w {wp.dtype} and scale {got}")
+    _check_scale("rows", wp, scale, (*stack, n))
     if not build.load():
         raise RuntimeError(f"the native kernels are not available: {build.why_not()}")
     out = jax.ShapeDtypeStruct((M, n), jnp.float32)
@@ -96,11 +104,7 @@ def rows_groups(x: jax.Array, wp: jax.Array, n: int, sizes: jax.Array,
                          f"ceil(n / {PANEL}), K, {PANEL}] with one K and integer sizes [E]; got "
                          f"x {x.dtype}{list(x.shape)}, w {wp.dtype}{list(wp.shape)}, sizes "
                          f"{sizes.dtype}{list(sizes.shape)} and n={n}")
-    if int8 != (scale is not None) or (int8 and (scale.dtype != jnp.float32
-                                                 or scale.shape != (wp.shape[0], n))):
-        got = None if scale is None else f"{scale.dtype}{list(scale.shape)}"
-        raise ValueError(f"rows_groups: an int8 w takes scale float32 [E, n={n}], a float32 w "
-                         f"none; got w {wp.dtype} and scale {got}")
+    _check_scale("rows_groups", wp, scale, (wp.shape[0], n))
     if not build.load():
         raise RuntimeError(f"the native kernels are not available: {build.why_not()}")
     out = jax.ShapeDtypeStruct((R, n), jnp.float32)
