@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -14,13 +16,27 @@ import refmodel
 
 # The suite is bound by XLA's compiles, not by running what they compile: skip LLVM's
 # expensive passes (the compiler cross-check's FAST_COMPILE: the same HLO and results, about
-# half the compile time: the tests took 457 s, not 816 s, on 2 shared cores). Read when the
-# backend starts, so before any test computes; processes the tests spawn (the CLI tests, the
-# notebooks run beside them) inherit it. The notebooks that time this machine run in the
-# README's second command, without it.
-os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""),
-                                    "--xla_backend_optimization_level=0",
-                                    "--xla_llvm_disable_expensive_passes=true"]).strip()
+# half the compile time: the tests took 457 s, not 816 s, on 2 shared cores), and emit XLA:CPU's
+# fusions with its older elemental emitters, where this jaxlib has the flag (the same results;
+# a scatter becomes a loop of its own; half the backend compile again: the golden every-kind
+# and MoE stacks 22.7 -> 10.6 s, the first test command 12 min 53 s -> 9 min 9 s, 2026-12-03).
+# XLA aborts on a flag it does not know, so that one is asked of a throwaway process first.
+# Read when the backend starts, so before any test computes; processes the tests spawn (the
+# CLI tests, the notebooks run beside them) inherit it. The notebooks that time this machine
+# run in the README's second command, without them.
+FAST_COMPILE = ["--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true"]
+OLD_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
+
+
+def _xla_knows(flag: str) -> bool:
+    env = {**os.environ, "XLA_FLAGS": flag, "JAX_PLATFORMS": "cpu"}
+    probe = [sys.executable, "-c", "import jax.numpy as jnp; jnp.zeros(1).block_until_ready()"]
+    return subprocess.run(probe, env=env, capture_output=True).returncode == 0
+
+
+if OLD_EMITTERS not in os.environ.get("XLA_FLAGS", "") and _xla_knows(OLD_EMITTERS):
+    FAST_COMPILE.append(OLD_EMITTERS)
+os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *FAST_COMPILE]).strip()
 jax.config.update("jax_default_matmul_precision", "highest")
 # Eight emulated CPU devices for refmodel.parallel's tests (tests/test_parallel.py); set before
 # any backend starts. Single-device code runs on device 0 as before.

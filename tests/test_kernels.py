@@ -190,7 +190,11 @@ def test_native_moe_reads_each_expert_in_one_grouped_call(bias):
     x = jnp.asarray(np.random.default_rng(3).standard_normal((6, cfg.d_model)), jnp.float32)
     text = jax.jit(lambda m, x: m(x)).lower(moe, x).compile().as_text()
     assert text.count(build.TARGETS["RowsGroupsF32"]) == 3
-    assert build.TARGETS["RowsAtF32"] not in text and " while(" not in text
+    assert build.TARGETS["RowsAtF32"] not in text
+    # No per-expert loop; XLA:CPU's older emitters (the suite's conftest) lower a scatter-add
+    # (the dispatch's counts, the combine) to a while loop of their own.
+    loops = [line for line in text.splitlines() if " while(" in line]
+    assert all("scatter" in line for line in loops), loops
     np.testing.assert_allclose(np.asarray(moe(x)), np.asarray(xla.blocks[0].ffn(x)),
                                rtol=1e-5, atol=1e-5)
 
