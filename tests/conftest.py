@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +40,21 @@ def _xla_knows(flag: str) -> bool:
 if OLD_EMITTERS not in os.environ.get("XLA_FLAGS", "") and _xla_knows(OLD_EMITTERS):
     FAST_COMPILE.append(OLD_EMITTERS)
 os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *FAST_COMPILE]).strip()
+# One on-disk compilation cache for the whole run (the xdist workers, the notebooks and the CLI
+# children they start, which read it from the environment): a program one process compiled is
+# loaded by the next (a few hundred of each worker's ~1,600 compiles). Keyed by JAX on the
+# program, the flags and the versions, so it changes no result; removed by the process that
+# made it, at exit. A cache the caller set is used as it is.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="lab-tests-xla-")
+    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], True)
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # the tiny models' too
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                  float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", 1)))
+jax.config.update("jax_persistent_cache_min_entry_size_bytes",
+                  int(os.environ.get("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", 0)))
 jax.config.update("jax_default_matmul_precision", "highest")
 # Eight emulated CPU devices for refmodel.parallel's tests (tests/test_parallel.py); set before
 # any backend starts. Single-device code runs on device 0 as before.

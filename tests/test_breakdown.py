@@ -5,8 +5,6 @@ On the tiny preset; no timing assertions."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -120,13 +118,6 @@ def test_json_round_trips_and_the_figure_draws_from_it(result, tmp_path):
     assert labels == shown + ["unattributed"]
     assert result["model"] in fig.axes[0].get_title()
     assert breakdown_plot.save_breakdown_figure(saved, tmp_path / "b.png").stat().st_size > 0
-
-
-def test_plot_module_imports_no_jax():
-    code = "import sys, microbench.plots.breakdown; print('jax' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
-    assert out.stdout.strip() == "False"
 
 
 def test_scope_of_names_the_innermost_scope():
