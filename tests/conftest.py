@@ -47,15 +47,13 @@ os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *FAST_COMPI
 # program, the flags and the versions, so it changes no result; removed by the process that
 # made it, at exit. A cache the caller set is used as it is.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="lab-tests-xla-")
-    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], True)
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # the tiny models' too
-    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
-jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
-jax.config.update("jax_persistent_cache_min_compile_time_secs",
-                  float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", 1)))
-jax.config.update("jax_persistent_cache_min_entry_size_bytes",
-                  int(os.environ.get("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", 0)))
+    CACHE = tempfile.mkdtemp(prefix="lab-tests-xla-")
+    atexit.register(shutil.rmtree, CACHE, True)
+    for name, value in (("jax_compilation_cache_dir", CACHE),
+                        ("jax_persistent_cache_min_compile_time_secs", 0),  # the tiny models' too
+                        ("jax_persistent_cache_min_entry_size_bytes", 0)):
+        os.environ[name.upper()] = str(value)  # the children, whose JAX reads its environment
+        jax.config.update(name, value)  # this process, whose JAX read it at import
 jax.config.update("jax_default_matmul_precision", "highest")
 # Eight emulated CPU devices for refmodel.parallel's tests (tests/test_parallel.py); set before
 # any backend starts. Single-device code runs on device 0 as before.
