@@ -22,6 +22,18 @@
 // cache in the scores and 10 GFLOP/s in the absorbs, whose sliced wkv_b it copied and
 // transposed on every call: the `bench` model's decode attention at batch 8, context 1024,
 // caches evicted, took 7.2 ms against a roofline 1.6 (microbench breakdown, 2-core Zen 5).
+//
+// One chunk of 256 keys (`bench`: N = 12, R = 192, Q = 32) in L2 on one core of a 2-core Xeon
+// (KVM, AMX), median of 200 samples of 10 calls, six alternations, 2026-12-03: 66-76 us
+// (35-39 GFLOP/s) -> 44-47 us (54-58). perf put 55% of the old time in the scores, whose 4 x 4
+// blocks were a call each that spilled their 16 sums and wrote them out one lane at a time
+// (now inlined, the sums in registers, 4 floats per store), and 31% in the values, which
+// walked the chunk's latents 12 times, from L2, for 3 heads at a time (now 6: half the
+// walks). The whole call (`bench`, batch 8, 1024 keys, in cache, 6 alternations): median
+// 1.35 -> 1.13 ms. With the caches evicted it did not move measurably on that VM (20-27 ms
+// for 16 layers either way; 16 in-cache calls take 16-22 ms, the C read of the same minutes
+// 23.5 GB/s, 5.8 ms for the 136 MB): the reads add to the compute rather than hide under it,
+// and prefetching 64 or 128 keys ahead into L2 (the rope rows too) did not change that.
 #include <cmath>
 #include <cstring>
 
@@ -79,7 +91,8 @@ static void absorb_in(const LatentArgs& a, int64_t r0, int64_t r1, float* ql) {
 // time.)
 // d[4 g + i] += q[g] . k[i] over the whole vectors of n channels (q rows and k rows n apart),
 // each step's 4 key and 4 query vectors pinned in registers for the 16 FMAs.
-static inline void dots4x4(const float* q, const float* k, int64_t n, vec* d) {
+__attribute__((always_inline)) static inline void dots4x4(const float* q, const float* k,
+                                                          int64_t n, vec* d) {
   for (int64_t h = 0; h + VL <= n; h += VL) {
     vec kv[4];
     for (int i = 0; i < 4; i++) {
@@ -94,21 +107,25 @@ static inline void dots4x4(const float* q, const float* k, int64_t n, vec* d) {
   }
 }
 
-static void scores4x4(const LatentArgs& a, const float* ql, const float* qr, const float* lat,
-                      const float* rope, float* s, int64_t sstride) {
+__attribute__((always_inline)) static inline void scores4x4(const LatentArgs& a, const float* ql,
+                                                            const float* qr, const float* lat,
+                                                            const float* rope, float* s,
+                                                            int64_t sstride) {
   const int64_t R = a.R, Q = a.Q, RV = R / VL * VL, QV = Q / VL * VL;
   vec d[16];
   for (int i = 0; i < 16; i++) d[i] = vec{};
   dots4x4(ql, lat, R, d);  // the latent channels
   dots4x4(qr, rope, Q, d);  // the rope key's
   const vec t = sums16(d);
-  for (int g = 0; g < 4; g++)
-    for (int i = 0; i < 4; i++) {
-      float x = t[g * 4 + i];
-      for (int64_t h = RV; h < R; h++) x += ql[g * R + h] * lat[i * R + h];
-      for (int64_t h = QV; h < Q; h++) x += qr[g * Q + h] * rope[i * Q + h];
-      s[g * sstride + i] = x;
-    }
+  for (int g = 0; g < 4; g++) std::memcpy(s + g * sstride, &t[g * 4], 4 * sizeof(float));
+  if (RV < R || QV < Q)  // channels past the last whole vector
+    for (int g = 0; g < 4; g++)
+      for (int i = 0; i < 4; i++) {
+        float x = 0.0f;
+        for (int64_t h = RV; h < R; h++) x += ql[g * R + h] * lat[i * R + h];
+        for (int64_t h = QV; h < Q; h++) x += qr[g * Q + h] * rope[i * Q + h];
+        s[g * sstride + i] += x;
+      }
 }
 #endif
 
@@ -130,6 +147,23 @@ static void values(const float* p, int64_t pstride, const float* lat, int64_t R,
   }
   for (int g = 0; g < NG; g++)
     for (int h = 0; h < HB; h++) *(vec*)(acc + g * astride + h0 + h * VL) += sum[g][h];
+}
+
+// Heads per pass of `values`: VH x 4 sums, 4 latent vectors and a broadcast in registers.
+constexpr int64_t VH = REGS >= 32 ? 6 : 2;
+
+// `values` for ng (1 .. VH) heads.
+template <int HB>
+static void values_heads(int64_t ng, const float* p, int64_t pstride, const float* lat,
+                         int64_t R, int64_t cnt, int64_t h0, float* acc) {
+  switch (ng) {
+    case 1: values<1, HB>(p, pstride, lat, R, cnt, h0, acc, R); break;
+    case 2: values<2, HB>(p, pstride, lat, R, cnt, h0, acc, R); break;
+    case 3: values<3, HB>(p, pstride, lat, R, cnt, h0, acc, R); break;
+    case 4: values<4, HB>(p, pstride, lat, R, cnt, h0, acc, R); break;
+    case 5: values<5, HB>(p, pstride, lat, R, cnt, h0, acc, R); break;
+    default: values<6, HB>(p, pstride, lat, R, cnt, h0, acc, R); break;
+  }
 }
 
 // Chunk c of sequence b: m [N] (each head's max score), l [N] (its sum of exp) and acc [N, R]
@@ -183,23 +217,15 @@ static void chunk(const LatentArgs& a, const float* ql, int64_t b, int64_t c, fl
     m[n] = mx;
     l[n] = hsum(sum);
   }
-  // values: 3 heads x 4 vectors of channels in registers per pass over the chunk's rows
+  // values: VH heads x 4 vectors of channels in registers per pass over the chunk's rows
   const int64_t RV = R / VL * VL;
-  for (int64_t g = 0; g < N; g += 3) {
-    const int64_t ng = std::min<int64_t>(3, N - g);
+  for (int64_t g = 0; g < N; g += VH) {
+    const int64_t ng = std::min<int64_t>(VH, N - g);
     const float* p = s.data() + g * cntv;
     float* ag = acc + g * R;
     int64_t h = 0;
-    for (; h + 4 * VL <= RV; h += 4 * VL) {
-      if (ng == 3) values<3, 4>(p, cntv, lat, R, cnt, h, ag, R);
-      else if (ng == 2) values<2, 4>(p, cntv, lat, R, cnt, h, ag, R);
-      else values<1, 4>(p, cntv, lat, R, cnt, h, ag, R);
-    }
-    for (; h < RV; h += VL) {
-      if (ng == 3) values<3, 1>(p, cntv, lat, R, cnt, h, ag, R);
-      else if (ng == 2) values<2, 1>(p, cntv, lat, R, cnt, h, ag, R);
-      else values<1, 1>(p, cntv, lat, R, cnt, h, ag, R);
-    }
+    for (; h + 4 * VL <= RV; h += 4 * VL) values_heads<4>(ng, p, cntv, lat, R, cnt, h, ag);
+    for (; h < RV; h += VL) values_heads<1>(ng, p, cntv, lat, R, cnt, h, ag);
     for (; h < R; h++)  // channels past the last whole vector
       for (int64_t i = 0; i < ng; i++)
         for (int64_t j = 0; j < cnt; j++) ag[i * R + h] += p[i * cntv + j] * lat[j * R + h];
