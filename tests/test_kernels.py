@@ -504,9 +504,10 @@ def latent_oracle(qn, qr, w, lat, kr, lens, scale):
        R=st.sampled_from([1, 16, 24, 64, 72]), S=st.integers(1, 600), seed=st.integers(0, 2**16))
 def test_latent_attention_equals_the_absorbed_einsums(B, N, P, Q, U, R, S, seed):
     """The absorbed MLA decode kernel (latent.cc) against float64 numpy: head counts past the
-    groups of 6 the values pass holds (2 without AVX-512), latent ranks past its blocks of 4 vectors and inside a
-    vector, keys in one to three chunks of 256 and inside a block of 16, each row its own
-    length (any 1..S). Scores spread wide enough for large exps."""
+    groups of 6 the values pass holds (2 without AVX-512) and the scores' blocks of 4, latent
+    ranks past its blocks of 4 vectors and inside a vector, keys in one to three chunks of 256
+    and inside a block of 16, each row its own length (any 1..S). Scores spread wide enough
+    for large exps."""
     from refmodel.kernels.latent import attend_latent
 
     rng = np.random.default_rng(seed)
