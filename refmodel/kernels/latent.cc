@@ -29,10 +29,11 @@
 // blocks were a call each that spilled their 16 sums and wrote them out one lane at a time
 // (now inlined, the sums in registers, 4 floats per store), and 31% in the values, which
 // walked the chunk's latents 12 times, from L2, for 3 heads at a time (now 6: half the
-// walks). The whole call (`bench`, batch 8, 1024 keys, in cache, 6 alternations): median
-// 1.35 -> 1.13 ms. With the caches evicted it did not move measurably on that VM (20-27 ms
-// for 16 layers either way; 16 in-cache calls take 16-22 ms, the C read of the same minutes
-// 23.5 GB/s, 5.8 ms for the 136 MB): the reads add to the compute rather than hide under it,
+// walks). The whole call through JAX (`bench`, batch 8, 1024 keys, 6 alternations of the two
+// builds): in cache (one layer) median 1.35 -> 1.13 ms; cold (16 layers' caches and weights,
+// 136 MB, read in turn; the C read 22.5-27 GB/s in the same processes) 24.2-32.2 -> 21.1-23.4
+// ms, median 25.7 -> 21.9, faster in every pair. Cold is about 16 in-cache calls (18 ms) plus
+// most of the reads (5.4 ms at 25 GB/s): they add to the compute rather than hide under it,
 // and prefetching 64 or 128 keys ahead into L2 (the rope rows too) did not change that.
 #include <cmath>
 #include <cstring>
