@@ -39,7 +39,8 @@ def _xla_knows(flag: str) -> bool:
 
 if OLD_EMITTERS not in os.environ.get("XLA_FLAGS", "") and _xla_knows(OLD_EMITTERS):
     FAST_COMPILE.append(OLD_EMITTERS)
-os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *FAST_COMPILE]).strip()
+_flags = os.environ.get("XLA_FLAGS", "")  # an xdist worker inherits the controller's: once each
+os.environ["XLA_FLAGS"] = " ".join([_flags, *(f for f in FAST_COMPILE if f not in _flags)]).strip()
 # One on-disk compilation cache for the whole run (the xdist workers, the notebooks and the CLI
 # children they start, which read it from the environment): a program one process compiled is
 # loaded by the next (136 and 166 of the two workers' 1,776 and 1,513 compiles, 2026-12-03; the
