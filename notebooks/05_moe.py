@@ -188,11 +188,11 @@ print("active/total parameters match the model cards")
 # projections, against $BA/E_\text{touched}(B)$ (until, at batches of many thousands, the
 # activations' bytes start to rival the weights'). Then measured: the decode FFN of the
 # notebook's MoE model at a few batches. The model runs each expert on its own rows only
-# (`MoE.grouped_experts`: with XLA's products a loop per expert of ceil(rows / tile) trips,
-# zero trips for an expert no token chose; with the native kernels one grouped call per
-# matrix, each expert with rows read once), so, like a grouped GPU kernel, it reads only the
-# touched experts, which is what the count models. DeepSeek-V3 is counted in bf16, though its weights ship in
-# fp8: in fp8 every intensity below about doubles (the same FLOPs from half the weight bytes).
+# (`MoE.grouped_experts`: with XLA's products a loop per expert of ceil(rows / tile) trips, zero
+# trips for an expert no token chose; with the native kernels one grouped call per matrix, each
+# expert with rows read once), so, like a grouped GPU kernel, it reads only the touched experts,
+# which is what the count models. DeepSeek-V3 is counted in bf16, though its weights ship in fp8: in
+# fp8 every intensity below about doubles (the same FLOPs from half the weight bytes).
 
 # %%
 ds = refmodel.presets.get("deepseek-v3")
