@@ -33,7 +33,7 @@ def native_rows(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 @given(m=st.integers(1, 40), k=st.integers(1, 150), n=st.integers(1, 300),
        seed=st.integers(0, 2**16))
 def test_rows_equals_numpy(m, k, n, seed):
-    """Every tail: rows of x past a pass (4 with AVX2, 8 with AVX-512) and several passes, K
+    """Every tail: rows of x past a pass (6 with AVX2, 12 with AVX-512) and several passes, K
     past the unrolled inputs, an N that ends inside a panel or inside a vector, a thread's
     share of several panels. Float32 sums in another order: within 1e-5 of the scale."""
     rng = np.random.default_rng(seed)
@@ -49,11 +49,10 @@ def test_rows_equals_numpy(m, k, n, seed):
 def test_rows_every_pass_and_tile(m, n, k):
     """Each tile the kernel has (1-12 rows of x per pass, 2 or 4 panels side by side for 1-6
     rows, each of the 2 panels' inputs in 2 parts for 3-6, a panel's inputs in 4 parts on the
-    first pass of 7 or more) and a second to sixth
-    pass, on a K that is not a multiple of the unrolling or the parts (101) or below the parts
-    (3), and
-    an N of 333 (the last panel ends inside a vector, after whole groups of panels) or 288
-    (nine whole panels: the last group ends at N): tails of tiles, parts, groups, panels and of
+    first pass of 7 or more) and the passes after the first, on a K that is not a multiple of the
+    unrolling or the parts (101) or below the parts (3), and an N of 333 (the last panel ends
+    inside a vector, after whole groups of panels) or 288 (nine whole panels: the last group
+    ends at N): tails of tiles, parts, groups, panels and of
     the threads' shares, deterministically (the property test above samples them)."""
     rng = np.random.default_rng(m)
     x = rng.standard_normal((m, k)).astype(np.float32)

@@ -10,7 +10,7 @@
 constexpr int64_t P = 32;  // outputs per panel: rows.py's PANEL, the stored layout
 constexpr int NV = P / VL;               // vectors per panel row
 constexpr int CV = NV < 2 ? NV : 2;      // of them per tile
-constexpr int MB = REGS >= 32 ? 12 : 4;  // rows of x per pass over a panel
+constexpr int MB = REGS >= 32 ? 12 : 6;  // rows of x per pass over a panel
 constexpr int64_t PF = 4096;             // bytes of the panel ahead to prefetch
 
 // The weight's stored numbers: float32, or int8 with one float32 scale per output (y = scale
@@ -102,7 +102,7 @@ static void tile(const float* xb, int64_t m0, const T* pw, const float* scale, i
 }
 
 // Rows m0 .. m0 + B of x (B <= MB) against panel pw's vectors c0 .. c0 + CV: tile<B, 1, T,
-// KS>. (With MB = 4 the cases past 4 never run; they name tile<1> only so that no tile is
+// KS>. (With MB = 6 the cases past 6 never run; they name tile<1> only so that no tile is
 // instantiated that the registers cannot hold.)
 template <int KS, typename T>
 static void pass(int64_t B, const float* xb, int64_t m0, const T* pw, const float* scale,
@@ -125,6 +125,12 @@ static void pass(int64_t B, const float* xb, int64_t m0, const T* pw, const floa
 
 // Panel p for every row of x: MB rows of x per pass, CV vectors of the panel per tile. The
 // first pass reads the panel from memory, later ones (more rows, other vectors) from L2.
+// Tried and dropped on a 2-core Zen 3 (AVX2), 2026-12-04, each against this in 2 alternations:
+// passes of even rows (8 rows as 4 + 4, not 6 + 2: the same); every pass over chunks of 128
+// inputs in turn (16 KiB of the panel in L1, partial sums in a buffer, the next chunk
+// prefetched by the first pass, so that memory streams while the later passes compute): 4 /
+// 8 / 16 / 64 rows 19-27 / 16-20 / 12-15 / 4-5 -> 17-20 / 14-17 / 8-11 / 3-4 GB/s of weights;
+// the prefetch in the panel's first pass only (4 rows 21-28 -> 15-24 GB/s, 8-64 the same).
 // The first pass of 7 or more rows of float32 weights (one panel at a time: `streams`) reads
 // its K inputs as KSPLIT parts side by side: one stream per core left an Intel core short of
 // reads in flight while it computed. A 2-core Xeon (KVM, AMX), 2026-12-03: a product over 1
