@@ -150,21 +150,28 @@ static void panel(const float* xp, const T* wp, const float* scale, float* y, in
                   int64_t K, int64_t N, int64_t p) {
   const T* pw = wp + p * K * P;
   const int64_t n0 = p * P;
-  // AVX2 (16 registers, 4 vectors per panel row): 1-2 rows take the whole row in one pass.
-  // Two passes of 2 vectors each read every other line of the panel from memory and the rest
-  // from L2 or L3 (a panel of K = 4096 inputs is 512 KiB, a Zen 3 core's whole L2). A 2-core
-  // Zen 3 (EPYC, KVM, AVX2), 2026-12-03, 32 pairs of [4096, 1024] and [1024, 4096] products
-  // over 1 GiB through JAX, best of 5 calls, 6 rounds in 2 alternations of the builds: 1 row
-  // 17.0-22.8 -> 22.9-26.3 GB/s, 2 rows 18.5-21.8 -> 19.9-25.4 (the C read 27-40).
-  if constexpr (NV > CV && NV <= 4) {
-    if (M == 1) return tile<1, 1, T, 1, NV>(xp, 0, pw, scale, 0, K, y, N, n0);
-    if (M == 2) return tile<2, 1, T, 1, NV>(xp, 0, pw, scale, 0, K, y, N, n0);
-  }
   for (int c0 = 0; c0 < NV; c0 += CV) {
     if (n0 + c0 * VL >= N) break;  // vectors wholly past N: zero weights, nothing to write
     for (int64_t m0 = 0; m0 < M; m0 += MB) {
       const int64_t B = std::min<int64_t>(MB, M - m0);
       const float* xb = xp + m0 * K;
+      // AVX2 (16 registers, 4 vectors per panel row): a block of 1-2 rows (all of x, or the
+      // rows past the passes of 6) takes the whole row in one pass. Two passes of 2 vectors
+      // each read every other line of the panel from memory and the rest from L2 or L3 (a
+      // panel of K = 4096 inputs is 512 KiB, a Zen 3 core's whole L2). A 2-core Zen 3 (EPYC,
+      // KVM, AVX2), 2026-12-03, 32 pairs of [4096, 1024] and [1024, 4096] products over 1 GiB
+      // through JAX, best of 5 calls, 6 rounds in 2 alternations of the builds: 1 row
+      // 17.0-22.8 -> 22.9-26.3 GB/s, 2 rows 18.5-21.8 -> 19.9-25.4 (the C read 27-40); the
+      // rows past 6 so, 2026-12-04, [1024, 4096] and [4096, 1024] products over 1 GiB each: 8
+      // rows 16-21 -> 21-22 GB/s, 7 rows 18-20 -> 19-22 (6 rounds, 2 alternations).
+      if constexpr (NV > CV && NV <= 4) {
+        if (B <= 2) {
+          if (c0 > 0) continue;  // done in the first
+          if (B == 1) tile<1, 1, T, 1, NV>(xb, m0, pw, scale, 0, K, y, N, n0);
+          else tile<2, 1, T, 1, NV>(xb, m0, pw, scale, 0, K, y, N, n0);
+          continue;
+        }
+      }
       if constexpr (sizeof(T) == 4) {
         if (m0 == 0 && B >= 7) {
           pass<KSPLIT>(B, xb, m0, pw, scale, c0, K, y, N, n0);

@@ -17,7 +17,7 @@
 //
 // Inner loop (`tile`, in panels.h with `panel` and `pack`, shared with attend_rows.cc): B rows of x
 // against CV vectors of a panel row (AVX-512: the whole row, 2 vectors; AVX2 2 of 4, or the whole
-// row for 1-2 rows of x; SSE 2 of 8), B x CV accumulators; per input k, CV loads of w, B broadcasts
+// row for a block of 1-2 rows; SSE 2 of 8), B x CV accumulators; per input k, CV loads of w, B broadcasts
 // of x, B x CV fused multiply-adds. B <= MB rows per pass (12 with AVX-512's 32 registers: 24
 // accumulators, 2 weight vectors, a broadcast; 6 with 16: 12, 2 and 1); more rows re-read the
 // panel from L2, which holds it (K x 128 bytes). 12 rows instead of 8, on a 2-core Zen 5 (full
