@@ -17,17 +17,18 @@
 //
 // Inner loop (`tile`, in panels.h with `panel` and `pack`, shared with attend_rows.cc): B rows of x
 // against CV vectors of a panel row (AVX-512: the whole row, 2 vectors; AVX2 2 of 4, or the whole
-// row for a block of 1-2 rows; SSE 2 of 8), B x CV accumulators; per input k, CV loads of w, B broadcasts
-// of x, B x CV fused multiply-adds. B <= MB rows per pass (12 with AVX-512's 32 registers: 24
-// accumulators, 2 weight vectors, a broadcast; 6 with 16: 12, 2 and 1); more rows re-read the
-// panel from L2, which holds it (K x 128 bytes). 12 rows instead of 8, on a 2-core Zen 5 (full
-// 512-bit FMAs: 8 rows no longer filled them), 12 chained [768, 2048] products, 3 alternations of
-// the two builds, median of 15 calls each: 16 / 32 / 64 / 256 rows 133-164 / 177-196 / 218-238 /
-// 275-283 GFLOP/s against 106-129 / 148-182 / 201-213 / 191-235; 8 rows the same. 6 rows instead
-// of 4 with AVX2 (the 6 x 16 of BLIS's Haswell kernel), a 2-core Zen 3 (EPYC, KVM), 2026-12-04,
-// 32 pairs of [1024, 4096] and [4096, 1024] products through JAX, best of 5 calls, 6 rounds in 2
-// alternations of the builds: 512 / 64 / 32 / 6 rows 122-145 / 103-135 / 105-123 / 51-63 ->
-// 139-176 / 137-160 / 107-137 / 60-71 GFLOP/s (numpy's 2048^3 GEMM 175-192); 8 rows the same.
+// row for a block of 1-2 rows; SSE 2 of 8), B x CV accumulators; per input k, CV loads of w, B
+// broadcasts of x, B x CV fused multiply-adds. B <= MB rows per pass (12 with AVX-512's 32
+// registers: 24 accumulators, 2 weight vectors, a broadcast; 6 with 16: 12, 2 and 1); more rows
+// re-read the panel from L2, which holds it (K x 128 bytes). 12 rows instead of 8, on a 2-core Zen
+// 5 (full 512-bit FMAs: 8 rows no longer filled them), 12 chained [768, 2048] products, 3
+// alternations of the two builds, median of 15 calls each: 16 / 32 / 64 / 256 rows 133-164 /
+// 177-196 / 218-238 / 275-283 GFLOP/s against 106-129 / 148-182 / 201-213 / 191-235; 8 rows the
+// same. 6 rows instead of 4 with AVX2 (the 6 x 16 of BLIS's Haswell kernel), a 2-core Zen 3 (EPYC,
+// KVM), 2026-12-04, 32 pairs of [1024, 4096] and [4096, 1024] products through JAX, best of 5
+// calls, 6 rounds in 2 alternations of the builds: 512 / 64 / 32 / 6 rows 122-145 / 103-135 /
+// 105-123 / 51-63 -> 139-176 / 137-160 / 107-137 / 60-71 GFLOP/s (numpy's 2048^3 GEMM 175-192); 8
+// rows the same.
 // Every line of the weight row PF bytes ahead is prefetched into L2. With 1-6 rows, 2 or 4
 // panels are read side by side (`streams` in panels.h; with 3-6 rows of float32 weights each
 // of the 2 in 2 parts, `KS3`), and from 7 rows of float32 weights the first pass over a panel
