@@ -79,6 +79,7 @@ def measure_report(peaks: dict, timing: Budget = REPORT_TIMING, peer: bool = Tru
                               for p in prefills],
         "prefill_over_gemm_unscaled": [p["flops_per_s"]["median"] / gemm["value"]
                                        for p in prefills],
+        "gemm_roof_spread": roofline.spread(gemm), "dram_roof_spread": roofline.spread(dram),
         "targets": TARGETS, "peer": None, "speedup_over_peer": None,
     }
     if peer:

@@ -124,6 +124,16 @@ def moment_factor(point: dict, key: str, roof_value: float) -> float:
     return now / roof_value if now else 1.0
 
 
+def above_moment(ratio: float, roof_spread: float | None) -> str:
+    """A flag for a ratio to the roof of its moment above 1 by more than the roof's spread:
+    the phase cannot outrun the hardware, so the short probe of its moment caught a dip that
+    the phase did not see (the ratio to the rounds' roof is the one to read); else ""."""
+    if roof_spread is None or ratio <= 1.0 + roof_spread:
+        return ""
+    return (f" [SUSPECT: above the roof of its moment by more than the roof's spread "
+            f"({roof_spread:.0%}): its probe read low; read the rounds' ratio]")
+
+
 def format_report(rep: dict) -> str:
     """The lines the `phases --report` command prints."""
     d = rep["decode"]
@@ -137,7 +147,7 @@ def format_report(rep: dict) -> str:
         f"{TARGETS['decode_over_dram']}); {rep['decode_over_dram_unscaled']:.2f} of the roof "
         f"as measured in the rounds; {rep['decode_over_best_dram']:.2f} of the best main-memory "
         f"roof ('{rep['dram_best']}', {rep['dram_best_bytes_per_s'] / 1e9:.1f} GB/s, reads + "
-        "writes)",
+        "writes)" + above_moment(rep["decode_over_dram"], rep.get("dram_roof_spread")),
     ]
     for p, r, r0 in zip(rep["prefills"], rep["prefill_over_gemm"],
                         rep["prefill_over_gemm_unscaled"], strict=True):
@@ -147,7 +157,8 @@ def format_report(rep: dict) -> str:
             f"its moment ({rep['gemm_roof_flops_per_s'] / 1e9:.0f} GFLOP/s x drift "
             f"{moment_factor(p, 'compute', rep['gemm_roof_flops_per_s']):.2f}; roof: "
             f"{rep['gemm_roof_program']}; target >= "
-            f"{TARGETS['prefill_over_gemm']}); {r0:.2f} of the roof as measured in the rounds")
+            f"{TARGETS['prefill_over_gemm']}); {r0:.2f} of the roof as measured in the rounds"
+            + above_moment(r, rep.get("gemm_roof_spread")))
     peer = rep.get("peer")
     if peer and peer.get("step_s"):
         lines.append(f"peer {peer['name']} (torch {peer['torch']}): "

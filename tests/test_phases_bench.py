@@ -160,3 +160,38 @@ def test_modelled_series_follow_the_cost_model():
     assert kv[1]["kv_bytes"] == costs.kv_cache_bytes(cfg, 65536, 1, "bfloat16")
     assert kv[1]["kv_bytes"] == kv[0]["kv_bytes"] * min(65536, cfg.window) / 1024
     assert np.isfinite([r["step_s"] for r in rows]).all()
+
+
+def _report(prefill_ratio: float, gemm_spread: float | None) -> dict:
+    """A speed report (microbench.report.measure_report's keys) with made-up numbers."""
+    rate = {"median": 1.0e11}
+    prefill = {"context": 512, "timing": {"median": 2.0}, "flops_per_s": rate,
+               "predicted": {"compute_flops_per_s": 1.0e11}}
+    rep = {"model": "medium", "params": 3.2e8, "matmul": "native",
+           "decode": {"context": 128, "timing": {"median": 0.04},
+                      "bytes_per_s": {"median": 3.0e10}},
+           "decode_over_dram": 0.9, "decode_over_dram_unscaled": 0.9, "decode_drift": 1.0,
+           "decode_over_best_dram": 0.7, "dram_roof": "DRAM read-only",
+           "dram_roof_bytes_per_s": 3.3e10, "dram_roof_program": "C read", "dram_best": "DRAM",
+           "dram_best_bytes_per_s": 4.3e10, "dram_roof_spread": 0.2,
+           "prefills": [prefill], "prefill_over_gemm": [prefill_ratio],
+           "prefill_over_gemm_unscaled": [0.83], "gemm_roof_flops_per_s": 1.84e11,
+           "gemm_roof_program": "numpy", "peer": None}
+    if gemm_spread is None:
+        del rep["dram_roof_spread"]  # a report saved before the spreads were
+    else:
+        rep["gemm_roof_spread"] = gemm_spread
+    return rep
+
+
+@pytest.mark.parametrize("ratio,spread,flagged", [(1.48, 0.17, True), (1.10, 0.17, False),
+                                                  (0.87, 0.0, False), (1.48, None, False)])
+def test_speed_report_flags_a_ratio_above_its_moments_roof(ratio, spread, flagged):
+    """A phase faster than the roof of its moment by more than the roof's spread (a Zen 3 run,
+    2026-12-04: prefill at 1.48 of a GEMM probe that read 0.56 of the rounds) is marked
+    SUSPECT on its line; within the spread, or a saved report without spreads, is not."""
+    lines = summary.format_report(_report(ratio, spread)).splitlines()
+    prefill = next(line for line in lines if line.startswith("prefill"))
+    assert ("SUSPECT" in prefill) is flagged
+    assert f"= {ratio:.2f} of the f32 GEMM roof" in prefill
+    assert "SUSPECT" not in lines[1]  # the decode at 0.9 of its roof
