@@ -67,6 +67,34 @@ def band_summary(points: list[dict]) -> dict:
             "outside": [p for p in pred if p not in inside]}
 
 
+def probe_lines(phases: dict) -> list[str]:
+    """The drift probes' reference over the run and how well a point's probe before it agrees
+    with the one after it (the correlation of their logs over the points): near 1, the
+    bandwidth drifts slowly and the probes follow it; near 0, it moves within a point's
+    time and the factors carry little."""
+    run = ((phases.get("peaks") or {}).get("probe_reference") or {}).get("run")
+    if not run:
+        return []
+    rounds = run.get("rounds") or {}
+    pairs = [(d["before"]["read_bytes_per_s"], d["after"]["read_bytes_per_s"])
+             for d in (p.get("drift") or {} for p in phases["points"])
+             if d.get("before") and d.get("after")]
+    line = (f"- drift probes' reference over the run: read {run['read_bytes_per_s'] / 1e9:.1f} "
+            f"GB/s, GEMM {run['gemm_flops_per_s'] / 1e9:.0f} GFLOP/s (medians of "
+            f"{run['read_readings']} readings: the rounds' and before and after every point; "
+            f"the rounds' alone: {(rounds.get('read_bytes_per_s') or 0) / 1e9:.1f} GB/s, "
+            f"{(rounds.get('gemm_flops_per_s') or 0) / 1e9:.0f} GFLOP/s)")
+    if len(pairs) >= 3:
+        import numpy as np
+
+        logs = np.log(np.array(pairs))
+        r = float(np.corrcoef(logs[:, 0], logs[:, 1])[0, 1])
+        line += (f"; a point's read probe before vs after it: correlation {r:.2f} over "
+                 f"{len(pairs)} points (near 1: slow drift the probes follow; near 0: the "
+                 "bandwidth moves within a point's time)")
+    return [line]
+
+
 def summary_markdown(peaks: dict, phases: dict) -> str:
     """Markdown: the roofs, the phase points with their predictions, and the band count."""
     lines = [f"# Roofline summary: {peaks['machine']}", "",
@@ -76,6 +104,7 @@ def summary_markdown(peaks: dict, phases: dict) -> str:
              f"params, {phases['model']['dtype']}); weight products: "
              f"{products(phases['points'])}.", ""]
     lines += roof_rows(peaks)
+    lines += probe_lines(phases)
     band = band_summary(phases["points"])
     lines += ["", f"**{band['inside']} of {band['n']} phase points within "
               f"{band['band'][0]}-{band['band'][1]} of their prediction**; "

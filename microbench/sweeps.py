@@ -22,7 +22,15 @@ from collections.abc import Iterable
 
 import refmodel
 from microbench import hardware, roofline
-from microbench.points import Budget, measure_point, memory_bytes
+from microbench.points import (
+    Budget,
+    attach_breakdown,
+    measure_point,
+    memory_bytes,
+    prediction_inputs,
+    repredict,
+    run_reference,
+)
 from refmodel import attention, costs, counting, kernels
 
 DENSE = refmodel.ModelConfig.attention  # the config's default kind: the batch sweep's dense
@@ -146,7 +154,10 @@ def plan_memory(plan: PhasePlan) -> tuple[float, Job]:
 def measure(plan: PhasePlan, peaks: dict | None, progress: bool = True,
             probe=None, explain_outside: bool = False) -> list[dict]:
     """Every measured point of the plan, each tagged with its sweep and variant; with a
-    drift `probe` (microbench.probe.Probe) each point is predicted with its moment's roofs."""
+    drift `probe` (microbench.probe.Probe) each point is predicted with its moment's roofs,
+    once every point is measured, against the probes' median over the run
+    (points.run_reference, saved as peaks.probe_reference.run). With `explain_outside`, each
+    point then outside the band gets its per-op breakdown (points.attach_breakdown)."""
     from tqdm import tqdm
 
     points, current, phases = [], None, None
@@ -155,9 +166,22 @@ def measure(plan: PhasePlan, peaks: dict | None, progress: bool = True,
             phases = refmodel.Phases(refmodel.init(config(plan, job.variant), seed=0))
             current = job.variant
         point = measure_point(phases, job.phase, job.batch, job.context, peaks, plan.timing,
-                              label=job.variant, probe=probe,
-                              explain_outside=explain_outside)
+                              label=job.variant, probe=probe)
         points.append({**job.tags(), "variant": job.variant, **point})
+    del phases
+    if peaks is None:
+        return points
+    inputs = prediction_inputs(peaks)
+    if probe is not None:
+        inputs["probe_reference"]["run"] = run_reference(inputs, points)
+        repredict(points, inputs, inputs["probe_reference"]["run"])
+    if explain_outside:
+        outside = [p for p in points if "outside_reason" in p]
+        for variant in dict.fromkeys(p["variant"] for p in outside):
+            phases = refmodel.Phases(refmodel.init(config(plan, variant), seed=0))
+            for p in (p for p in outside if p["variant"] == variant):
+                attach_breakdown(p, phases, inputs)
+            del phases
     return points
 
 

@@ -55,7 +55,8 @@ def peaks_result(main_read_suspect=False, with_hierarchy=True, overhead=None):
            "sweep": {"cache_capacities": [["L2", 1 << 20], ["L3", 16 << 20]]},
            "overhead": overhead or {"dispatch_s": 5e-6, "per_kernel_s": 1e-6},
            "plan": {"probe_bytes": 64 << 20},
-           "main_roofs": {"probe": {"value": 3e10}, "probe_gemm": {"value": 1.5e11}}}
+           "main_roofs": {"probe": {"value": 3e10, "round_values": [2e10, 3e10, 4e10]},
+                          "probe_gemm": {"value": 1.5e11}}}
     if with_hierarchy:
         res["hierarchy"] = {"all_cores": {
             "cache_capacities": CAPS,
@@ -87,7 +88,9 @@ def test_prediction_inputs_curve_ends_at_main_memorys_read_roof():
     assert inputs["cache_capacities"] == CAPS  # the hierarchy's, not the XLA sweep's
     assert inputs["overhead"] == {"dispatch_s": 5e-6, "per_kernel_s": 1e-6}
     assert inputs["probe_bytes"] == 64 << 20
-    assert inputs["probe_reference"] == {"read_bytes_per_s": 3e10, "gemm_flops_per_s": 1.5e11}
+    assert inputs["probe_reference"] == {
+        "read_bytes_per_s": 3e10, "gemm_flops_per_s": 1.5e11,
+        "rounds": {"read_bytes_per_s": [2e10, 3e10, 4e10], "gemm_flops_per_s": None}}
     assert points.prediction_inputs(inputs) is inputs  # a reduced block passes through
 
 
@@ -187,6 +190,57 @@ def test_drift_factors_average_the_probes_over_the_reference():
     assert none["memory"] == 1.0 and none["compute"] == 1.0
     no_ref = points.drift_factors(before, after, {"read_bytes_per_s": None})
     assert no_ref["memory"] == 1.0
+
+
+def _probed(read_before, read_after, gemm=1.5e11):
+    """A main-memory point whose probes read `read_before` and `read_after` around it."""
+    p = point(1 << 30)
+    p["drift"] = {"before": {"read_bytes_per_s": read_before, "gemm_flops_per_s": gemm},
+                  "after": {"read_bytes_per_s": read_after, "gemm_flops_per_s": gemm}}
+    return p
+
+
+def test_run_reference_is_the_median_of_the_rounds_and_every_points_probes():
+    inputs = points.prediction_inputs(peaks_result())  # rounds read 2e10, 3e10, 4e10
+    measured = [_probed(4e10, 4.2e10), _probed(4.4e10, 3.8e10), _probed(5e10, 4e10),
+                {"drift": {"before": None, "after": None}}]
+    ref = points.run_reference(inputs, measured)
+    # 3 round readings + 6 point readings: median of [2, 3, 4, 4, 4.2, 4.4, 3.8, 5, 4] e10
+    assert ref["read_bytes_per_s"] == pytest.approx(4e10)
+    assert ref["read_readings"] == 9
+    # no round values for the GEMM probe: its round median stands in for them
+    assert ref["gemm_flops_per_s"] == pytest.approx(1.5e11) and ref["gemm_readings"] == 7
+    assert ref["rounds"] == {"read_bytes_per_s": 3e10, "gemm_flops_per_s": 1.5e11}
+    no_probe = {**inputs, "probe_reference": {"read_bytes_per_s": None}}
+    assert points.run_reference(no_probe, measured) is None
+
+
+def test_repredict_scales_each_point_by_its_probes_over_the_runs_reference():
+    res = peaks_result()
+    inputs = points.prediction_inputs(res)
+    # every point's probes read 4e10: against the rounds' 3e10 each looked 1.33x fast (capped
+    # at the best round); against the run's median the moment is the run's typical one
+    measured = [points.attach_prediction(_probed(4e10, 4e10), res) for _ in range(3)]
+    unscaled = predicted(res, 1 << 30)["t_memory_s"]
+    for p in measured:
+        f = points.drift_factors(p["drift"]["before"], p["drift"]["after"],
+                                 inputs["probe_reference"])
+        points.attach_prediction(p, res, f)
+        assert p["predicted"]["t_memory_s"] < unscaled  # scaled by the rounds' reference
+    ref = points.run_reference(inputs, measured)
+    points.repredict(measured, inputs, ref)
+    for p in measured:
+        assert p["drift"]["memory"] == pytest.approx(1.0)
+        assert p["predicted"]["t_memory_s"] == pytest.approx(unscaled)
+    slow = _probed(2e10, 2e10)
+    points.attach_prediction(slow, res)
+    points.repredict([slow], inputs, ref)  # half the run's typical bandwidth: twice the time
+    assert slow["drift"]["memory"] == pytest.approx(0.5)
+    assert slow["predicted"]["t_memory_s"] == pytest.approx(2 * unscaled)
+    unprobed = points.attach_prediction(point(1 << 30), res)
+    before = dict(unprobed["predicted"])
+    points.repredict([unprobed], inputs, ref)
+    assert unprobed["predicted"] == before
 
 
 def _timed(ratio, ws=1 << 30, rel=0.02, **kw):
