@@ -23,6 +23,7 @@ Public API:
     available() -> bool
     stream(n, reps, threads) -> {"threads", "n", "read": [s], "scale_inplace": [s], "triad": [s]}
     Server(n, threads).stream(reps)   the same, arrays allocated once in a long-lived child
+    Server(n, threads).read(reps)     the read alone: {"threads", "n", "read": [s]}
     sweep(lo, hi, ratio, min_bytes, threads) -> [{"bytes", "seconds": [s], "repeats"}]
     BYTES_PER_ELEMENT
 """
@@ -102,13 +103,13 @@ static double timed_read(const float *a, long size_f, int t, long reps, float *s
   return dt;
 }
 static float *A, *B, *C;
-static int stream_once(long n, int reps, int t) {
+static int stream_once(long n, int reps, int t, int kernels) {
   float *a = A, *b = B, *c = C;
   const float s = 0.999f;
   float sink = 0.0f;
   printf("{\"threads\": %d, \"n\": %ld", t, n);
   const char *names[3] = {"read", "scale_inplace", "triad"};
-  for (int kern = 0; kern < 3; kern++) {
+  for (int kern = 0; kern < kernels; kern++) {
     printf(", \"%s\": [", names[kern]);
     for (int r = -1; r < reps; r++) {
       double dt;
@@ -140,14 +141,16 @@ static long setup(long n, int t) {
   fill(A, n, 1.0f); fill(B, n, 0.5f); fill(C, n, 0.25f);
   return n;
 }
-static int stream(long n, int reps, int t) { return stream_once(setup(n, t), reps, t); }
-/* Allocate once, then one stream_once per "REPS" line on stdin (so rounds skip page faults). */
+static int stream(long n, int reps, int t) { return stream_once(setup(n, t), reps, t, 3); }
+/* Allocate once, then one stream_once per "REPS" line on stdin (so rounds skip page faults);
+   a line "-REPS": the read alone (a drift probe). */
 static int serve(long n, int t) {
   n = setup(n, t);
   printf("{\"ready\": true, \"n\": %ld}\n", n);
   fflush(stdout);
   int reps;
-  while (scanf("%d", &reps) == 1 && reps > 0) stream_once(n, reps, t);
+  while (scanf("%d", &reps) == 1 && reps != 0)
+    stream_once(n, reps > 0 ? reps : -reps, t, reps > 0 ? 3 : 1);
   return 0;
 }
 static int sweep(long lo, long hi, double ratio, long min_bytes, int t) {
@@ -253,6 +256,12 @@ class Server:
 
     def stream(self, reps: int = 5) -> dict:
         self._proc.stdin.write(f"{reps}\n")
+        self._proc.stdin.flush()
+        return json.loads(self._readline())
+
+    def read(self, reps: int = 3) -> dict:
+        """The read kernel alone, `reps` timed passes: {"threads", "n", "read": [s]}."""
+        self._proc.stdin.write(f"-{reps}\n")
         self._proc.stdin.flush()
         return json.loads(self._readline())
 

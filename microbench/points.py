@@ -20,10 +20,10 @@ uses what `peaks` measured on the same machine (`prediction_inputs`):
     runtime's and the kernels' code and data come from main memory: ~70 us and ~4 us per
     kernel on a Zen 5, against 4 and 0.5 warm).
   * c, m: drift factors from the probes run just before and after the point
-    (microbench.probe), relative to the probes' median over the whole run (`run_reference`:
-    their readings in the roof rounds and around every point; a sweep predicts its points
-    again once all are measured, `repredict`); m applies to working sets beyond the
-    last-level cache (main memory is what drifts).
+    (microbench.probe: the C read of the roof rounds' array and XLA's GEMM) over their
+    medians in the roof rounds; a sweep predicts its points again once all are measured,
+    each with the median over its neighbours' probes (`repredict`); m applies to working
+    sets beyond the last-level cache (main memory is what drifts).
 
 Decode phases are timed cold (`cold`, default): an `Evictor` reads a buffer of 4x the last-level
 cache before every call, outside the clock. Inside a real decode step a layer's weights and
@@ -102,64 +102,69 @@ def prediction_inputs(peaks: dict) -> dict:
         curve = roofline.working_set_curve(hier["all_cores"], main_read)
         caps = hier["all_cores"]["cache_capacities"]
     mr = peaks.get("main_roofs") or {}
+    probe, c_read = mr.get("probe") or {}, c_read_program(mr)
+    read = c_read or {"program": probe.get("program"), "median": probe.get("value"),
+                      "values": probe.get("round_values")}
     return {"machine": peaks["machine"], "roofs": roofs, "cache_capacities": caps,
             "curve": curve, "overhead": peaks.get("overhead"),
             "probe_bytes": (peaks.get("plan") or {}).get("probe_bytes"),
+            "dram_array_bytes": (peaks.get("plan") or {}).get("dram_array_bytes"),
             "probe_reference": {
-                "read_bytes_per_s": (mr.get("probe") or {}).get("value"),
+                "read_bytes_per_s": read.get("median"),
                 "gemm_flops_per_s": (mr.get("probe_gemm") or {}).get("value"),
-                "rounds": {"read_bytes_per_s": (mr.get("probe") or {}).get("round_values"),
+                "read_program": read.get("program"),
+                "rounds": {"read_bytes_per_s": read.get("values"),
                            "gemm_flops_per_s": (mr.get("probe_gemm") or {}).get("round_values")}}}
 
 
-def make_probe(inputs: dict):
-    """The drift probe the roof rounds were taken with (None when the peaks had no rounds)."""
-    if not inputs.get("probe_bytes") or not inputs["probe_reference"].get("read_bytes_per_s"):
-        return None
-    import jax.numpy as jnp
+def c_read_program(main_roofs: dict) -> dict | None:
+    """The C read's entry among the rounds' main-memory read programs (None without gcc)."""
+    for prog in (main_roofs.get("main_read") or {}).get("programs") or []:
+        if prog.get("program", "").startswith("C read") and prog.get("median"):
+            return prog
+    return None
 
-    from microbench import probe
+
+def make_probe(inputs: dict):
+    """The drift probe for these roofs (None when the peaks had no rounds): the C read over
+    the rounds' array when the reference is the C read's, else XLA's read probe."""
+    ref = inputs["probe_reference"]
+    if not inputs.get("probe_bytes") or not ref.get("read_bytes_per_s"):
+        return None
+    from microbench import native, probe
+
+    if (ref.get("read_program") or "").startswith("C read") and native.available() \
+            and inputs.get("dram_array_bytes"):
+        return probe.Probe(reader=native.Server(inputs["dram_array_bytes"] // 4))
+    import jax.numpy as jnp
 
     return probe.Probe(jnp.asarray(probe.host_array(inputs["probe_bytes"] // 4)))
 
 
 PROBE_KEYS = ("read_bytes_per_s", "gemm_flops_per_s")
+WINDOW = 5  # a sweep's point takes the median of the probes of the 2 x 5 + 1 points around it
 
 
-def run_reference(inputs: dict, measured: list[dict]) -> dict | None:
-    """The probes' reference over a whole run: per probe, the median of its readings in the
-    roof rounds and before and after every measured point.
-
-    Three round readings alone are too few where bandwidth moves within a second: on a 2-core
-    Zen 4 VM (2026-12-04) the probe read 17.5-26.2 GB/s in the rounds (median 20.2) and 26.6
-    as the median of the 174 readings around the points, so every point's roof of the moment
-    came out 1.27x the rounds' (capped at their best): 22 of 87 points in band, against 49
-    with this reference. The roofs themselves stay the rounds' medians; what a point's factor
-    says is how its moment compares with the run's typical one."""
-    ref = inputs.get("probe_reference") or {}
-    if not ref.get("read_bytes_per_s"):
-        return None
-    rounds = ref.get("rounds") or {}
-    out = {"rounds": {k: ref.get(k) for k in PROBE_KEYS}}
-    for key in PROBE_KEYS:
-        vals = [v for v in (rounds.get(key) or [ref.get(key)]) if v]
-        vals += [p["drift"][side][key] for p in measured for side in ("before", "after")
-                 if ((p.get("drift") or {}).get(side) or {}).get(key)]
-        out[key] = float(np.median(vals)) if vals else None
-        out[f"{key.split('_')[0]}_readings"] = len(vals)
-    return out
-
-
-def repredict(measured: list[dict], inputs: dict, reference: dict | None) -> list[dict]:
-    """Predict every probed point again with its drift factors against `reference`
-    (`run_reference`); points without probes keep theirs."""
-    if reference is None:
-        return measured
-    for p in measured:
-        d = p.get("drift") or {}
-        if "predicted" in p and (d.get("before") or d.get("after")):
-            p["drift"] = drift_factors(d.get("before"), d.get("after"), reference)
-            attach_prediction(p, inputs, p["drift"])
+def repredict(measured: list[dict], inputs: dict, window: int = WINDOW) -> list[dict]:
+    """Predict every probed point of a sweep again, its drift factors the median over the
+    points measured around it (`window` each side, in measurement order) of their probes'
+    mean over the reference: a probe is a few hundred milliseconds, and on a VM whose
+    bandwidth moves within a second a point's own two probes catch its moment's level no
+    better than its neighbours' (a 2-core Zen 4, 2026-12-04: a point's probe before and the
+    one after it, a second apart, correlated 0.26-0.28 over 87 points). Points without
+    probes keep their predictions."""
+    ref = inputs["probe_reference"]
+    probed = [p for p in measured if "predicted" in p and (p.get("drift") or {}).get("before")]
+    means = [{k: np.mean([p["drift"][s][k] for s in ("before", "after") if p["drift"].get(s)])
+              for k in PROBE_KEYS} for p in probed]
+    for i, p in enumerate(probed):
+        near = means[max(0, i - window):i + window + 1]
+        factors = {**p["drift"], "window": len(near)}
+        for key, name in (("read_bytes_per_s", "memory"), ("gemm_flops_per_s", "compute")):
+            if ref.get(key):
+                factors[name] = float(np.median([m[key] for m in near])) / ref[key]
+        p["drift"] = factors
+        attach_prediction(p, inputs, factors)
     return measured
 
 
@@ -183,11 +188,9 @@ def evictor() -> harness.Evictor:
 
 def measure_point(phases: refmodel.Phases, phase: str, batch: int, context: int,
                   peaks: dict | None, timing: Budget = Budget(), label: str | None = None,
-                  probe=None, explain_outside: bool = False, cold: bool | None = None,
-                  reference: dict | None = None) -> dict:
+                  probe=None, explain_outside: bool = False, cold: bool | None = None) -> dict:
     """Time one phase at (batch, context) and put it beside its counted and predicted cost.
-    With a `probe` (microbench.probe.Probe), the roofs are scaled to this moment's drift,
-    against `reference` (`run_reference`; default: the probes' medians in the roof rounds); with
+    With a `probe` (microbench.probe.Probe), the roofs are scaled to this moment's drift; with
     `explain_outside`, a point outside the band gets a per-op breakdown (attach_breakdown).
     `cold` (default: the decode phases) evicts the caches before every call (`evictor`)."""
     cfg = phases.cfg
@@ -231,7 +234,7 @@ def measure_point(phases: refmodel.Phases, phase: str, batch: int, context: int,
             "so repeated calls find it cached" if point["working_set_bytes"] <= llc else
             f"warm, but its working set {ws:.1f} MiB exceeds the {llc / 2**20:.0f} MiB "
             "last-level cache: it streams from main memory every call")
-        factors = drift_factors(before, after, reference or inputs["probe_reference"])
+        factors = drift_factors(before, after, inputs["probe_reference"])
         point["drift"] = factors
         attach_prediction(point, inputs, factors)
         if explain_outside and "outside_reason" in point:

@@ -1,16 +1,26 @@
 """Drift probes: a short main-memory read and a short GEMM, timed before and after each phase
 point, so a prediction uses the roofs of its own moment.
 
-The main roofs are measured in rounds (microbench.rounds), each of which also times these
-probes; their median over the rounds is the reference. Before and after a phase point the
-probes run again, and
+The main roofs are measured in rounds (microbench.rounds). The memory probe of the phase
+points is the C read over the rounds' own array (where gcc built it), so its reference is the
+C read's median over the rounds and no ratio between two programs has to hold still; without
+a C compiler it is XLA's `jnp.sum` over 128 MiB, which each round also times for its
+reference. The GEMM probe is XLA's 1024^3 GEMM, likewise timed in every round. Then
 
     memory factor  = probe read now / probe read in the rounds
     compute factor = probe GEMM now / probe GEMM in the rounds
 
-scale the roofs the point is predicted with (microbench.points). A probe costs well under a
-second; the factors and their before/after values are saved with the point, so the machine's
-drift is recorded and shown rather than absorbed into the gap.
+scale the roofs the point is predicted with (microbench.points; a sweep takes each factor as
+the median over the points measured around it, `points.repredict`). The factors and their
+before/after values are saved with the point, so the machine's drift is recorded and shown
+rather than absorbed into the gap.
+
+Why the C read: XLA's 128 MiB sum and the 1 GiB C read, timed seconds apart in the same
+round, differed by 1.04-2.3x from round to round on a 2-core Zen 4 VM (2026-12-04), so a
+reference taken from three rounds of the XLA probe put every point's roof 1.27x too high in
+one run (its rounds' probe median read low: 20.2 GB/s against 26.6 over the run) and a
+correction computed against the run's own median missed a real slowdown in another (the C
+read 43.9 GB/s in the rounds, the probes 0.8x their rounds' values through the points).
 """
 
 from __future__ import annotations
@@ -36,19 +46,30 @@ def probe_elements(llc_bytes: int, n_main: int) -> int:
 
 
 class Probe:
-    """Compiled once; `measure()` returns the current read bandwidth and GEMM rate."""
+    """Compiled once; `measure()` returns the current read bandwidth and GEMM rate. With a
+    `reader` (microbench.native.Server over the main-memory array of the roof rounds) the read
+    is the C read itself, the read roof's own program, 3 passes; else XLA's `jnp.sum` over
+    `array[:n]`, 5 calls."""
 
-    def __init__(self, array, n: int | None = None):
+    def __init__(self, array=None, n: int | None = None, reader=None):
         import jax
         import jax.numpy as jnp
 
         from microbench import compute
 
-        n = int(n or array.size)
-        self.x = jax.block_until_ready(array[:n] if n < array.size else array)
-        self.bytes = 4.0 * n
-        self.name = f"XLA read probe (jnp.sum over {self.bytes / 2**20:.0f} MiB)"
-        self._read = jax.jit(jnp.sum).lower(self.x).compile()
+        self.reader = reader
+        if reader is not None:
+            from microbench import native
+
+            self.bytes = 4.0 * reader.n
+            self.name = (f"C read probe ({native.label(reader.threads)}, "
+                         f"{self.bytes / 2**20:.0f} MiB: the read roof's own program)")
+        else:
+            n = int(n or array.size)
+            self.x = jax.block_until_ready(array[:n] if n < array.size else array)
+            self.bytes = 4.0 * n
+            self.name = f"XLA read probe (jnp.sum over {self.bytes / 2**20:.0f} MiB)"
+            self._read = jax.jit(jnp.sum).lower(self.x).compile()
         fn, _ = compute.gemm_fn("float32")
         self._gemm_args = compute.gemm_inputs(GEMM_N, GEMM_N, GEMM_N, "float32", seed=1)
         self._gemm = jax.jit(fn).lower(*self._gemm_args).compile()
@@ -56,6 +77,8 @@ class Probe:
         self.gemm_name = f"XLA GEMM probe ({GEMM_N}^3 float32)"
 
     def samples(self, n: int = 5) -> list[float]:
+        if self.reader is not None:
+            return list(self.reader.read(3)["read"])
         return list(harness.time_fn(self._read, self.x, warmup=1, budget_s=0.0,
                                     min_samples=n, min_sample_s=0.0).samples)
 

@@ -53,12 +53,9 @@ def measure_report(peaks: dict, timing: Budget = REPORT_TIMING, peer: bool = Tru
     cfg = refmodel.presets.get(MODEL)
     cfg = cfg.replace(matmul=kernels.choose(matmul, cfg.dtype, cfg.weight_format))
     phases = refmodel.Phases(refmodel.init(cfg, seed=0))
-    # the probes' reference: the run's (points.run_reference) when the sweeps made one
-    ref = (peaks.get("probe_reference") or {}).get("run")
     decode = measure_point(phases, "decode", 1, DECODE_CONTEXT, peaks, timing, label=MODEL,
-                           probe=probe, reference=ref)
-    prefills = [measure_point(phases, "prefill", 1, n, peaks, timing, label=MODEL, probe=probe,
-                              reference=ref)
+                           probe=probe)
+    prefills = [measure_point(phases, "prefill", 1, n, peaks, timing, label=MODEL, probe=probe)
                 for n in PREFILL_LENS]
     del phases
     (dram, best), gemm = main_memory_roofs(peaks), roofline.compute_roof(peaks["roofs"],

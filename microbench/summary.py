@@ -68,22 +68,25 @@ def band_summary(points: list[dict]) -> dict:
 
 
 def probe_lines(phases: dict) -> list[str]:
-    """The drift probes' reference over the run and how well a point's probe before it agrees
-    with the one after it (the correlation of their logs over the points): near 1, the
-    bandwidth drifts slowly and the probes follow it; near 0, it moves within a point's
-    time and the factors carry little."""
-    run = ((phases.get("peaks") or {}).get("probe_reference") or {}).get("run")
-    if not run:
+    """The drift probes: which program, their reference in the rounds, the window a point's
+    factor is taken over, and how well a point's probe before it agrees with the one after it
+    (the correlation of their logs over the points): near 1, the bandwidth drifts slowly and
+    the probes follow it; near 0, it moves within a point's time."""
+    ref = (phases.get("peaks") or {}).get("probe_reference") or {}
+    if not ref.get("probe") or not ref.get("read_bytes_per_s"):
         return []
-    rounds = run.get("rounds") or {}
+    points = phases["points"]
     pairs = [(d["before"]["read_bytes_per_s"], d["after"]["read_bytes_per_s"])
-             for d in (p.get("drift") or {} for p in phases["points"])
-             if d.get("before") and d.get("after")]
-    line = (f"- drift probes' reference over the run: read {run['read_bytes_per_s'] / 1e9:.1f} "
-            f"GB/s, GEMM {run['gemm_flops_per_s'] / 1e9:.0f} GFLOP/s (medians of "
-            f"{run['read_readings']} readings: the rounds' and before and after every point; "
-            f"the rounds' alone: {(rounds.get('read_bytes_per_s') or 0) / 1e9:.1f} GB/s, "
-            f"{(rounds.get('gemm_flops_per_s') or 0) / 1e9:.0f} GFLOP/s)")
+             for d in (p.get("drift") or {} for p in points) if d.get("before") and d.get("after")]
+    windows = sorted({(p.get("drift") or {}).get("window") for p in points} - {None})
+    factors = [p["drift"]["memory"] for p in points if (p.get("drift") or {}).get("before")]
+    line = (f"- drift probes: {ref['probe']}, reference {ref['read_bytes_per_s'] / 1e9:.1f} GB/s "
+            f"(its median in the rounds); GEMM probe reference "
+            f"{(ref.get('gemm_flops_per_s') or 0) / 1e9:.0f} GFLOP/s")
+    if factors:
+        line += (f"; memory factors {min(factors):.2f}-{max(factors):.2f}"
+                 + (f", each the median over {windows[-1]} neighbouring points' probes"
+                    if windows else ""))
     if len(pairs) >= 3:
         import numpy as np
 

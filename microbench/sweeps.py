@@ -29,7 +29,6 @@ from microbench.points import (
     memory_bytes,
     prediction_inputs,
     repredict,
-    run_reference,
 )
 from refmodel import attention, costs, counting, kernels
 
@@ -155,8 +154,8 @@ def measure(plan: PhasePlan, peaks: dict | None, progress: bool = True,
             probe=None, explain_outside: bool = False) -> list[dict]:
     """Every measured point of the plan, each tagged with its sweep and variant; with a
     drift `probe` (microbench.probe.Probe) each point is predicted with its moment's roofs,
-    once every point is measured, against the probes' median over the run
-    (points.run_reference, saved as peaks.probe_reference.run). With `explain_outside`, each
+    once every point is measured, from the probes of the points around it (points.repredict;
+    the probe's name saved as peaks.probe_reference.probe). With `explain_outside`, each
     point then outside the band gets its per-op breakdown (points.attach_breakdown)."""
     from tqdm import tqdm
 
@@ -173,8 +172,8 @@ def measure(plan: PhasePlan, peaks: dict | None, progress: bool = True,
         return points
     inputs = prediction_inputs(peaks)
     if probe is not None:
-        inputs["probe_reference"]["run"] = run_reference(inputs, points)
-        repredict(points, inputs, inputs["probe_reference"]["run"])
+        inputs["probe_reference"]["probe"] = probe.name
+        repredict(points, inputs)
     if explain_outside:
         outside = [p for p in points if "outside_reason" in p]
         for variant in dict.fromkeys(p["variant"] for p in outside):

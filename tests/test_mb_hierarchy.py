@@ -6,6 +6,7 @@ returns one positive time per repetition and the documented ladder of working se
 import pytest
 
 from microbench import hierarchy, native
+from microbench.probe import Probe
 
 
 def plateau(name, value, rel=0.05):
@@ -107,6 +108,14 @@ def test_native_server_answers_each_call_with_fresh_samples():
         for kern in native.BYTES_PER_ELEMENT:
             _positive_times(a[kern], 2)
             _positive_times(b[kern], 4)
+        read = server.read(3)  # the read alone (the drift probe's), then a full call again
+        assert set(read) == {"threads", "n", "read", "sink"} and read["n"] == N
+        _positive_times(read["read"], 3)
+        _positive_times(server.stream(1)["triad"], 1)
+        probe = Probe(reader=server)  # the phase points' probe: this read and XLA's GEMM
+        m = probe.measure()
+        assert probe.bytes == 4.0 * N and "C read probe" in probe.name
+        assert m["read_bytes_per_s"] > 0 and m["gemm_flops_per_s"] > 0
     finally:
         server.close()
     assert server._proc.poll() == 0  # a clean exit on close, not a kill

@@ -88,8 +88,8 @@ def test_prediction_inputs_curve_ends_at_main_memorys_read_roof():
     assert inputs["cache_capacities"] == CAPS  # the hierarchy's, not the XLA sweep's
     assert inputs["overhead"] == {"dispatch_s": 5e-6, "per_kernel_s": 1e-6}
     assert inputs["probe_bytes"] == 64 << 20
-    assert inputs["probe_reference"] == {
-        "read_bytes_per_s": 3e10, "gemm_flops_per_s": 1.5e11,
+    assert inputs["probe_reference"] == {  # no C read in these rounds: XLA's probe
+        "read_bytes_per_s": 3e10, "gemm_flops_per_s": 1.5e11, "read_program": None,
         "rounds": {"read_bytes_per_s": [2e10, 3e10, 4e10], "gemm_flops_per_s": None}}
     assert points.prediction_inputs(inputs) is inputs  # a reduced block passes through
 
@@ -200,46 +200,35 @@ def _probed(read_before, read_after, gemm=1.5e11):
     return p
 
 
-def test_run_reference_is_the_median_of_the_rounds_and_every_points_probes():
-    inputs = points.prediction_inputs(peaks_result())  # rounds read 2e10, 3e10, 4e10
-    measured = [_probed(4e10, 4.2e10), _probed(4.4e10, 3.8e10), _probed(5e10, 4e10),
-                {"drift": {"before": None, "after": None}}]
-    ref = points.run_reference(inputs, measured)
-    # 3 round readings + 6 point readings: median of [2, 3, 4, 4, 4.2, 4.4, 3.8, 5, 4] e10
-    assert ref["read_bytes_per_s"] == pytest.approx(4e10)
-    assert ref["read_readings"] == 9
-    # no round values for the GEMM probe: its round median stands in for them
-    assert ref["gemm_flops_per_s"] == pytest.approx(1.5e11) and ref["gemm_readings"] == 7
-    assert ref["rounds"] == {"read_bytes_per_s": 3e10, "gemm_flops_per_s": 1.5e11}
-    no_probe = {**inputs, "probe_reference": {"read_bytes_per_s": None}}
-    assert points.run_reference(no_probe, measured) is None
-
-
-def test_repredict_scales_each_point_by_its_probes_over_the_runs_reference():
+def test_the_c_read_is_the_probes_reference_when_the_rounds_have_it():
     res = peaks_result()
-    inputs = points.prediction_inputs(res)
-    # every point's probes read 4e10: against the rounds' 3e10 each looked 1.33x fast (capped
-    # at the best round); against the run's median the moment is the run's typical one
-    measured = [points.attach_prediction(_probed(4e10, 4e10), res) for _ in range(3)]
+    c_read = {"program": "C read (gcc, 2 threads)", "values": [3.1e10, 4.4e10, 4.3e10],
+              "median": 4.3e10}
+    res["main_roofs"]["main_read"] = {"programs": [
+        {"program": "XLA read (jnp.sum)", "values": [1e10], "median": 1e10}, c_read]}
+    ref = points.prediction_inputs(res)["probe_reference"]
+    assert ref["read_bytes_per_s"] == 4.3e10 and ref["read_program"] == c_read["program"]
+    assert ref["rounds"]["read_bytes_per_s"] == c_read["values"]
+    assert points.c_read_program(res["main_roofs"]) is c_read
+    assert points.c_read_program({}) is None
+
+
+def test_repredict_takes_each_factor_over_the_neighbouring_points_probes():
+    res = peaks_result()
+    inputs = points.prediction_inputs(res)  # read probe reference 3e10
+    reads = [3e10, 3e10, 1.5e10, 3e10, 3e10, 1.5e10, 1.5e10, 1.5e10, 1.5e10]
+    measured = [points.attach_prediction(_probed(r, r), res) for r in reads]
     unscaled = predicted(res, 1 << 30)["t_memory_s"]
-    for p in measured:
-        f = points.drift_factors(p["drift"]["before"], p["drift"]["after"],
-                                 inputs["probe_reference"])
-        points.attach_prediction(p, res, f)
-        assert p["predicted"]["t_memory_s"] < unscaled  # scaled by the rounds' reference
-    ref = points.run_reference(inputs, measured)
-    points.repredict(measured, inputs, ref)
-    for p in measured:
-        assert p["drift"]["memory"] == pytest.approx(1.0)
-        assert p["predicted"]["t_memory_s"] == pytest.approx(unscaled)
-    slow = _probed(2e10, 2e10)
-    points.attach_prediction(slow, res)
-    points.repredict([slow], inputs, ref)  # half the run's typical bandwidth: twice the time
-    assert slow["drift"]["memory"] == pytest.approx(0.5)
-    assert slow["predicted"]["t_memory_s"] == pytest.approx(2 * unscaled)
+    points.repredict(measured, inputs, window=1)
+    # each point: the median over itself and one neighbour each side (two at the ends)
+    want = [1.0, 1.0, 1.0, 1.0, 1.0, 0.5, 0.5, 0.5, 0.5]
+    for p, w, n in zip(measured, want, [2, 3, 3, 3, 3, 3, 3, 3, 2], strict=True):
+        assert p["drift"]["memory"] == pytest.approx(w) and p["drift"]["window"] == n
+        assert p["predicted"]["t_memory_s"] == pytest.approx(unscaled / w)
+        assert p["drift"]["before"]["read_bytes_per_s"] in reads  # the point's own kept
     unprobed = points.attach_prediction(point(1 << 30), res)
     before = dict(unprobed["predicted"])
-    points.repredict([unprobed], inputs, ref)
+    points.repredict([unprobed], inputs)
     assert unprobed["predicted"] == before
 
 

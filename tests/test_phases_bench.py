@@ -197,17 +197,19 @@ def test_speed_report_flags_a_ratio_above_its_moments_roof(ratio, spread, flagge
     assert "SUSPECT" not in lines[1]  # the decode at 0.9 of its roof
 
 
-def test_summary_names_the_probes_reference_and_their_agreement():
-    def drift(b, a):
-        return {"drift": {"before": {"read_bytes_per_s": b}, "after": {"read_bytes_per_s": a}}}
+def test_summary_names_the_probe_its_reference_and_its_agreement():
+    def drift(b, a, m=1.0):
+        return {"drift": {"before": {"read_bytes_per_s": b}, "after": {"read_bytes_per_s": a},
+                          "memory": m, "window": 11}}
 
-    run = {"read_bytes_per_s": 26.6e9, "gemm_flops_per_s": 191e9, "read_readings": 177,
-           "rounds": {"read_bytes_per_s": 20.2e9, "gemm_flops_per_s": 177e9}}
-    follow = [drift(v, v * 1.01) for v in (20e9, 25e9, 30e9, 35e9)]  # after tracks before
-    phases = {"peaks": {"probe_reference": {"run": run}}, "points": follow}
+    ref = {"probe": "C read probe (2 threads)", "read_bytes_per_s": 43.9e9,
+           "gemm_flops_per_s": 208e9}
+    follow = [drift(v, v * 1.01, v / 43.9e9) for v in (20e9, 25e9, 30e9, 35e9)]
+    phases = {"peaks": {"probe_reference": ref}, "points": follow}
     (line,) = summary.probe_lines(phases)
-    assert "read 26.6 GB/s, GEMM 191 GFLOP/s (medians of 177 readings" in line
-    assert "the rounds' alone: 20.2 GB/s, 177 GFLOP/s" in line
+    assert "C read probe (2 threads), reference 43.9 GB/s (its median in the rounds)" in line
+    assert "GEMM probe reference 208 GFLOP/s" in line
+    assert "memory factors 0.46-0.80, each the median over 11 neighbouring points'" in line
     assert "correlation 1.00 over 4 points" in line
     crossed = [drift(b, a) for b, a in ((20e9, 35e9), (25e9, 30e9), (30e9, 25e9),
                                         (35e9, 20e9))]
@@ -218,6 +220,8 @@ def test_summary_names_the_probes_reference_and_their_agreement():
 class _FakeProbe:
     """Reads 20 then 30 GB/s, alternately."""
 
+    name = "fake probe"
+
     def __init__(self):
         self.n = 0
 
@@ -227,19 +231,18 @@ class _FakeProbe:
                 "gemm_flops_per_s": 2e11}
 
 
-def test_a_probed_sweep_predicts_against_the_runs_reference_and_explains_the_outside():
+def test_a_probed_sweep_predicts_from_the_neighbours_probes_and_explains_the_outside():
     peaks = mp.prediction_inputs({**PEAKS, "plan": {"probe_bytes": 1 << 20}, "main_roofs": {
-        "probe": {"value": 4e10, "round_values": [4e10]}, "probe_gemm": {"value": 2e11}}})
+        "probe": {"value": 5e10, "round_values": [5e10]}, "probe_gemm": {"value": 2e11}}})
     plan = dataclasses.replace(TINY_PLAN, variants=("gqa",), batches=(1,), contexts=(8,))
     measured = sweeps.measure(plan, peaks, progress=False, probe=_FakeProbe(),
                               explain_outside=True)
-    run = peaks["probe_reference"]["run"]  # saved where phases.json keeps its peaks block
-    n = 2 * len(measured) + 1
-    # the round's 40 and each point's 20 and 30: the median is 30, not the round's 40
-    assert run["read_readings"] == n and run["read_bytes_per_s"] == pytest.approx(3e10)
-    for p in measured:  # each point's mean probe, 25, against the run's 30
-        assert p["drift"]["memory"] == pytest.approx(2.5 / 3)
-        assert p["predicted"]["drift"]["memory"] == pytest.approx(2.5 / 3)
+    assert peaks["probe_reference"]["probe"] == "fake probe"  # saved with phases.json's peaks
+    n, w = len(measured), mp.WINDOW
+    for i, p in enumerate(measured):  # each point's probes read 20 and 30: 25 vs the rounds' 50
+        assert p["drift"]["memory"] == pytest.approx(0.5)
+        assert p["drift"]["window"] == min(i, w) + min(n - 1 - i, w) + 1
+        assert p["predicted"]["drift"]["memory"] == pytest.approx(0.5)
         if "outside_reason" in p:  # measured after the re-prediction, at its roofs
             assert p["breakdown"]["top"]["op"] in p["outside_reason"]
     assert any("outside_reason" in p for p in measured)  # the tiny model sits on its floor
