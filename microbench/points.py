@@ -113,6 +113,9 @@ def prediction_inputs(peaks: dict) -> dict:
                 "read_bytes_per_s": read.get("median"),
                 "gemm_flops_per_s": (mr.get("probe_gemm") or {}).get("value"),
                 "read_program": read.get("program"),
+                "xla_read": {"read_bytes_per_s": probe.get("value"),
+                             "read_program": probe.get("program"),
+                             "values": probe.get("round_values")},
                 "rounds": {"read_bytes_per_s": read.get("values"),
                            "gemm_flops_per_s": (mr.get("probe_gemm") or {}).get("round_values")}}}
 
@@ -127,15 +130,22 @@ def c_read_program(main_roofs: dict) -> dict | None:
 
 def make_probe(inputs: dict):
     """The drift probe for these roofs (None when the peaks had no rounds): the C read over
-    the rounds' array when the reference is the C read's, else XLA's read probe."""
+    the rounds' array when the reference is the C read's, else XLA's read probe, whose own
+    round values then become the reference (peaks measured where gcc was, points where it
+    is not)."""
     ref = inputs["probe_reference"]
     if not inputs.get("probe_bytes") or not ref.get("read_bytes_per_s"):
         return None
     from microbench import native, probe
 
-    if (ref.get("read_program") or "").startswith("C read") and native.available() \
-            and inputs.get("dram_array_bytes"):
-        return probe.Probe(reader=native.Server(inputs["dram_array_bytes"] // 4))
+    if (ref.get("read_program") or "").startswith("C read"):
+        if native.available() and inputs.get("dram_array_bytes"):
+            return probe.Probe(reader=native.Server(inputs["dram_array_bytes"] // 4))
+        xla = ref.get("xla_read") or {}
+        if not xla.get("read_bytes_per_s"):
+            return None
+        ref.update(read_bytes_per_s=xla["read_bytes_per_s"], read_program=xla["read_program"])
+        ref["rounds"] = {**ref["rounds"], "read_bytes_per_s": xla["values"]}
     import jax.numpy as jnp
 
     return probe.Probe(jnp.asarray(probe.host_array(inputs["probe_bytes"] // 4)))

@@ -11,7 +11,8 @@ back, every program that can reach each main roof:
     main_read     jnp.sum                              C read (all cores, 4 streams each)
 
 plus the probes, a short XLA read and GEMM that later phase points repeat before and after
-themselves (microbench.probe), so each prediction can be scaled to the bandwidth of its own moment.
+themselves (microbench.probe; the points' read probe is the C read itself where gcc built it,
+its reference the C read's rounds), so each prediction can be scaled to its own moment.
 
 A roof is the program that reached the most (median over rounds), labelled with its name: the
 hardware's level, not the compiler's. What XLA reaches is kept beside it as the

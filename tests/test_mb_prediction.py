@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from microbench import hardware, peaks, points, rounds, synthetic
+from microbench import hardware, native, peaks, points, rounds, synthetic
 
 LLC = 32 << 20
 CAPS = [["L1", 96 << 10], ["L2", 2 << 20], ["L3", LLC]]
@@ -90,6 +90,8 @@ def test_prediction_inputs_curve_ends_at_main_memorys_read_roof():
     assert inputs["probe_bytes"] == 64 << 20
     assert inputs["probe_reference"] == {  # no C read in these rounds: XLA's probe
         "read_bytes_per_s": 3e10, "gemm_flops_per_s": 1.5e11, "read_program": None,
+        "xla_read": {"read_bytes_per_s": 3e10, "read_program": None,
+                     "values": [2e10, 3e10, 4e10]},
         "rounds": {"read_bytes_per_s": [2e10, 3e10, 4e10], "gemm_flops_per_s": None}}
     assert points.prediction_inputs(inputs) is inputs  # a reduced block passes through
 
@@ -200,7 +202,7 @@ def _probed(read_before, read_after, gemm=1.5e11):
     return p
 
 
-def test_the_c_read_is_the_probes_reference_when_the_rounds_have_it():
+def test_the_c_read_is_the_probes_reference_when_the_rounds_have_it(monkeypatch):
     res = peaks_result()
     c_read = {"program": "C read (gcc, 2 threads)", "values": [3.1e10, 4.4e10, 4.3e10],
               "median": 4.3e10}
@@ -211,6 +213,14 @@ def test_the_c_read_is_the_probes_reference_when_the_rounds_have_it():
     assert ref["rounds"]["read_bytes_per_s"] == c_read["values"]
     assert points.c_read_program(res["main_roofs"]) is c_read
     assert points.c_read_program({}) is None
+    # points measured where gcc is missing: XLA's probe, against its own round values
+    res["main_roofs"]["probe"]["program"] = "XLA read probe"
+    inputs = points.prediction_inputs(res)
+    monkeypatch.setattr(native, "available", lambda: False)
+    assert "XLA read probe" in points.make_probe(inputs).name
+    ref = inputs["probe_reference"]
+    assert ref["read_bytes_per_s"] == 3e10 and ref["read_program"] == "XLA read probe"
+    assert ref["rounds"]["read_bytes_per_s"] == [2e10, 3e10, 4e10]
 
 
 def test_repredict_takes_each_factor_over_the_neighbouring_points_probes():
