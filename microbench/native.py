@@ -24,6 +24,7 @@ Public API:
     stream(n, reps, threads) -> {"threads", "n", "read": [s], "scale_inplace": [s], "triad": [s]}
     Server(n, threads).stream(reps)   the same, arrays allocated once in a long-lived child
     Server(n, threads).read(reps)     the read alone: {"threads", "n", "read": [s]}
+    Server(n, threads, read_only=True) one array and read() only (the drift probe's)
     sweep(lo, hi, ratio, min_bytes, threads) -> [{"bytes", "seconds": [s], "repeats"}]
     BYTES_PER_ELEMENT
 """
@@ -134,23 +135,29 @@ static int stream_once(long n, int reps, int t, int kernels) {
   fflush(stdout);
   return 0;
 }
-static long setup(long n, int t) {
+static long setup(long n, int t, int arrays) {
   n -= n % (BLOCK * t);
-  A = alloc(n); B = alloc(n); C = alloc(n);
   omp_set_num_threads(t);
-  fill(A, n, 1.0f); fill(B, n, 0.5f); fill(C, n, 0.25f);
+  A = alloc(n);
+  fill(A, n, 1.0f);
+  if (arrays == 3) {
+    B = alloc(n); C = alloc(n);
+    fill(B, n, 0.5f); fill(C, n, 0.25f);
+  }
   return n;
 }
-static int stream(long n, int reps, int t) { return stream_once(setup(n, t), reps, t, 3); }
+static int stream(long n, int reps, int t) { return stream_once(setup(n, t, 3), reps, t, 3); }
 /* Allocate once, then one stream_once per "REPS" line on stdin (so rounds skip page faults);
-   a line "-REPS": the read alone (a drift probe). */
-static int serve(long n, int t) {
-  n = setup(n, t);
+   a line "-REPS": the read alone (a drift probe). `read_only`: one array, "-REPS" lines only. */
+static int serve(long n, int t, int read_only) {
+  n = setup(n, t, read_only ? 1 : 3);
   printf("{\"ready\": true, \"n\": %ld}\n", n);
   fflush(stdout);
   int reps;
-  while (scanf("%d", &reps) == 1 && reps != 0)
+  while (scanf("%d", &reps) == 1 && reps != 0) {
+    if (reps > 0 && read_only) reps = -reps;
     stream_once(n, reps > 0 ? reps : -reps, t, reps > 0 ? 3 : 1);
+  }
   return 0;
 }
 static int sweep(long lo, long hi, double ratio, long min_bytes, int t) {
@@ -182,10 +189,11 @@ static int sweep(long lo, long hi, double ratio, long min_bytes, int t) {
 int main(int argc, char **argv) {
   if (argc == 5 && !strcmp(argv[1], "stream"))
     return stream(atol(argv[2]), atoi(argv[3]), atoi(argv[4]));
-  if (argc == 4 && !strcmp(argv[1], "serve")) return serve(atol(argv[2]), atoi(argv[3]));
+  if ((argc == 4 || (argc == 5 && !strcmp(argv[4], "read"))) && !strcmp(argv[1], "serve"))
+    return serve(atol(argv[2]), atoi(argv[3]), argc == 5);
   if (argc == 7 && !strcmp(argv[1], "sweep"))
     return sweep(atol(argv[2]), atol(argv[3]), atof(argv[4]), atol(argv[5]), atoi(argv[6]));
-  fprintf(stderr, "usage: stream N REPS T | serve N T | sweep LO HI RATIO MIN_BYTES T\n");
+  fprintf(stderr, "usage: stream N REPS T | serve N T [read] | sweep LO HI RATIO MIN_BYTES T\n");
   return 2;
 }
 """
@@ -236,11 +244,14 @@ def stream(n: int, reps: int, threads: int | None = None) -> dict:
 
 class Server:
     """The stream kernels in a child that allocates its arrays once and then answers one
-    measurement per call: rounds pay for page faults once, not every round."""
+    measurement per call: rounds pay for page faults once, not every round. `read_only`: one
+    array, not three, and only `read` (a drift probe's: a third of the memory)."""
 
-    def __init__(self, n: int, threads: int | None = None):
+    def __init__(self, n: int, threads: int | None = None, read_only: bool = False):
         self.threads = threads or len(os.sched_getaffinity(0))
-        self._proc = subprocess.Popen([str(_binary()), "serve", str(n), str(self.threads)],
+        self.read_only = read_only
+        self._proc = subprocess.Popen([str(_binary()), "serve", str(n), str(self.threads),
+                                       *(["read"] if read_only else [])],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True, env=_env())
         # ends the child when closed, collected or at exit (before modules are torn down)
@@ -255,6 +266,9 @@ class Server:
         return line
 
     def stream(self, reps: int = 5) -> dict:
+        if self.read_only:
+            raise ValueError("Server(read_only=True) runs the read alone: call read(), not "
+                             "stream()")
         self._proc.stdin.write(f"{reps}\n")
         self._proc.stdin.flush()
         return json.loads(self._readline())

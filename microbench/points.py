@@ -140,7 +140,8 @@ def make_probe(inputs: dict):
 
     if (ref.get("read_program") or "").startswith("C read"):
         if native.available() and inputs.get("dram_array_bytes"):
-            return probe.Probe(reader=native.Server(inputs["dram_array_bytes"] // 4))
+            return probe.Probe(reader=native.Server(inputs["dram_array_bytes"] // 4,
+                                                    read_only=True))
         xla = ref.get("xla_read") or {}
         if not xla.get("read_bytes_per_s"):
             return None

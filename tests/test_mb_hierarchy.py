@@ -119,6 +119,15 @@ def test_native_server_answers_each_call_with_fresh_samples():
     finally:
         server.close()
     assert server._proc.poll() == 0  # a clean exit on close, not a kill
+    reader = native.Server(N, 1, read_only=True)  # the probe's: one array, the read alone
+    try:
+        _positive_times(reader.read(2)["read"], 2)
+        with pytest.raises(ValueError, match="read_only"):
+            reader.stream(1)
+        _positive_times(reader.read(1)["read"], 1)
+    finally:
+        reader.close()
+    assert reader._proc.poll() == 0
 
 
 @needs_gcc
