@@ -199,11 +199,12 @@ def evictor() -> harness.Evictor:
 
 def measure_point(phases: refmodel.Phases, phase: str, batch: int, context: int,
                   peaks: dict | None, timing: Budget = Budget(), label: str | None = None,
-                  probe=None, explain_outside: bool = False, cold: bool | None = None) -> dict:
+                  probe=None, cold: bool | None = None) -> dict:
     """Time one phase at (batch, context) and put it beside its counted and predicted cost.
-    With a `probe` (microbench.probe.Probe), the roofs are scaled to this moment's drift; with
-    `explain_outside`, a point outside the band gets a per-op breakdown (attach_breakdown).
-    `cold` (default: the decode phases) evicts the caches before every call (`evictor`)."""
+    With a `probe` (microbench.probe.Probe), the roofs are scaled to this moment's drift (a
+    sweep then predicts again from the neighbours' probes and adds the per-op breakdowns of
+    the points outside the band: microbench.sweeps.measure). `cold` (default: the decode
+    phases) evicts the caches before every call (`evictor`)."""
     cfg = phases.cfg
     cold = phase != "prefill" if cold is None else cold
     counted = costs.phase_costs(cfg, phase, batch, context)
@@ -248,8 +249,6 @@ def measure_point(phases: refmodel.Phases, phase: str, batch: int, context: int,
         factors = drift_factors(before, after, inputs["probe_reference"])
         point["drift"] = factors
         attach_prediction(point, inputs, factors)
-        if explain_outside and "outside_reason" in point:
-            attach_breakdown(point, phases, inputs)
     return point
 
 
