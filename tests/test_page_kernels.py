@@ -158,20 +158,24 @@ def test_paged_attention_fast_path_equals_softmax_attention(B, K, G, H, ps, n, s
 
 @needs_kernels
 @pytest.mark.parametrize("B", [1, 8])  # one chunk of 1000 keys per job, or several chunks
-def test_paged_attention_running_max_grows_in_every_block(B):
-    """Scores rising key after key (head 0), falling (head 1): the one-pass softmax rescales
-    its accumulators at every block of head 0 and never for head 1; both equal the oracle."""
+@pytest.mark.parametrize("G", [1, 2])  # the one-pass chunk (G = 1) and the two-pass one
+def test_paged_attention_running_max_grows_in_every_block(B, G):
+    """Scores rising key after key (query q), falling (-q): the one-pass softmax (one query
+    head per KV head) rescales its accumulators at every block for q and never for -q; the
+    two-pass one (G >= 2, both at once) takes each head's max over its chunk. All equal the
+    oracle."""
     rng = np.random.default_rng(0)
     H, L = 64, 1000
-    q = rng.standard_normal((B, 1, 2, H)).astype(np.float32)
-    q[:, :, 1] = -q[:, :, 0]
+    q0 = rng.standard_normal((B, 1, 1, H)).astype(np.float32)
     ramp = np.linspace(0.0, 12.0, L, dtype=np.float32)[:, None]  # scores 0 .. ~12 |q| / 8
-    k = (ramp * q[0, 0, 0] / np.linalg.norm(q[0, 0, 0]) * 8 / np.sqrt(H)).astype(np.float32)
+    k = (ramp * q0[0, 0, 0] / np.linalg.norm(q0[0, 0, 0]) * 8 / np.sqrt(H)).astype(np.float32)
     k = np.broadcast_to(k, (1, 1, L, H)) + 0.01 * rng.standard_normal((1, 1, L, H))
     v = rng.standard_normal((1, 1, L, H)).astype(np.float32)
     tables = np.zeros((B, 1), np.int32)
     lens = np.full(B, L, np.int32)
-    check_attention(q, k.astype(np.float32), v, tables, lens, 1 / np.sqrt(H))
+    queries = [np.concatenate([q0, -q0], axis=2)] if G == 2 else [q0, -q0]
+    for q in queries:
+        check_attention(q, k.astype(np.float32), v, tables, lens, 1 / np.sqrt(H))
 
 
 @needs_kernels

@@ -53,11 +53,12 @@ static inline void scores(const float* q, const float* key, int64_t G, int64_t H
 // keys are cut into chunks per (sequence, KV head), so that even one sequence of an MQA layer
 // (B K = 1) keeps every core busy (flash-decoding's split over the keys); the calling thread
 // combines the chunks' maxima, sums and outputs (the online softmax's rescaling, once per
-// chunk). Within a chunk, blocks of VL keys in one pass: the block's scores (for each query
-// head a transpose-sum of VL dot products: its key rows reloaded from L1 per head), its max,
-// the accumulators rescaled when the running max grows (rarely after the first blocks), its
-// exps, then its value rows into the heads' accumulators, held in registers (the general path
-// keeps them in memory: a store-to-load chain per key and head, ~40 cycles per score and head).
+// chunk). One query head per KV head (MHA): within a chunk, blocks of VL keys in one pass
+// (`chunk`): the block's scores (a transpose-sum of VL dot products), its max, the
+// accumulators rescaled when the running max grows (rarely after the first blocks), its exps,
+// then its value rows into the accumulators, held in registers (the general path keeps them in
+// memory: a store-to-load chain per key and head, ~40 cycles per score and head). Two or more
+// (GQA, MQA): the chunk in two passes (`chunk_plain`): every score, one softmax, every value.
 //
 // History, each measured: a plain softmax per chunk (all its scores, their max and exps, then
 // all its values) beat the general path on a 2-core Zen 5 (8, 4, 3, 1024: 0.34-0.36 vs
@@ -72,7 +73,20 @@ static inline void scores(const float* q, const float* key, int64_t G, int64_t H
 // size) cost a fifth of the in-cache time: offsets are now made page by page. Longer chunks
 // (up to CH_MAX, while there are at least JOBS_PER_THREAD jobs per thread) read 5-10% faster
 // at 1024 keys; software prefetch PFK rows ahead 1.2-1.3x faster than none (MHA, GQA); 16 rows
-// ahead instead of 8: even.
+// ahead instead of 8: even. So the one-pass blocks took every G, until a 2-core Zen 4 (KVM,
+// AVX-512 on 256-bit datapaths), 2026-12-04: there the one-pass chunk ran at ~15 cycles per
+// key and query head with its rows in L2 (33 GB/s of keys and values on one core at G = 3,
+// 63 at G = 1) and, out of cache, slower than its compute and a read of its rows one after the
+// other (G = 3: 10-12 GB/s on one core, the plain read 25-29): its rescale, exps and values
+// sit between one block's key loads and the next, so the core runs out of loads to start. The
+// two-pass chunk, alternated with it in one process (a C++ harness of this file's chunks, two
+// threads each over its own 64 MiB of keys and values, 20-30 pairs, the ratio of times per
+// pair): G = 2 / 3 / 4 1.54 / 1.37-1.71 / 1.53x faster; G = 1 0.78-1.00x (so MHA keeps the
+// one-pass blocks). Through JAX (8 layers' caches chained, B 8, K 4, G 3, H 64, 1024 keys, the
+// two builds alternated 3 times beside the 1 GiB C read): 15.9-19.9 GB/s (0.38-0.59 of the
+// read) before, 20.5-28.3 (0.52-0.84) after; B 1 over 8192 keys 17.4-20.9 -> 21.4-26.7.
+// Software prefetch in the two passes made them slower there (14.6-20.6 against 21.9-26.5
+// in the same alternation): the passes stream, and the hardware's prefetchers keep up.
 struct Args {
   const float *q, *k, *v;
   const int32_t *tables, *lens;
@@ -88,6 +102,19 @@ constexpr int64_t PFK = 8;  // key and value rows ahead to prefetch
 // One chunk [t0, t1) of sequence b's keys (at most CH_MAX) for KV head kh and query heads
 // g0 .. g0 + GB: writes m, l [GB] (the chunk's max score and sum of exp) and acc [GB, H] (not
 // yet divided by l).
+// Each key's row in [t0, t1) of sequence b's KV head kh, page by page (a division per key
+// cost a fifth of the in-cache time).
+static void offsets(const Args& a, int64_t b, int64_t kh, int64_t t0, int64_t t1, int64_t* off) {
+  const int32_t* table = a.tables + b * a.n;
+  const int64_t cnt = t1 - t0;
+  for (int64_t j = 0, tok = t0; j < cnt;) {
+    const int64_t p = tok / a.PS, in = tok - p * a.PS, run = std::min(cnt - j, a.PS - in);
+    const int64_t base = ((table[p] * a.K + kh) * a.PS + in) * a.H;
+    for (int64_t i = 0; i < run; i++) off[j + i] = base + i * a.H;
+    j += run, tok += run;
+  }
+}
+
 template <int NH, int GB>
 static void chunk(const Args& a, int64_t b, int64_t kh, int64_t g0, int64_t t0, int64_t t1,
                   float* m_out, float* l_out, float* acc_out) {
@@ -96,14 +123,8 @@ static void chunk(const Args& a, int64_t b, int64_t kh, int64_t g0, int64_t t0, 
   for (int g = 0; g < GB; g++)
     for (int h = 0; h < NH; h++)
       qv[g][h] = *(const vec*)(a.q + ((b * a.K + kh) * a.G + g0 + g) * H + h * VL) * a.scale;
-  const int32_t* table = a.tables + b * a.n;
-  int64_t off[CH_MAX];  // each key's row, page by page
-  for (int64_t j = 0, tok = t0; j < cnt;) {
-    const int64_t p = tok / a.PS, in = tok - p * a.PS, run = std::min(cnt - j, a.PS - in);
-    const int64_t base = ((table[p] * a.K + kh) * a.PS + in) * H;
-    for (int64_t i = 0; i < run; i++) off[j + i] = base + i * H;
-    j += run, tok += run;
-  }
+  int64_t off[CH_MAX];
+  offsets(a, b, kh, t0, t1, off);
   auto fetch = [&](int64_t i) {  // key and value row i into L1
     for (int h = 0; h < NH; h++) {
       __builtin_prefetch(a.k + off[i] + h * VL, 0, 3);
@@ -181,6 +202,83 @@ static void chunk(const Args& a, int64_t b, int64_t kh, int64_t g0, int64_t t0, 
   }
 }
 
+// The chunk in two passes, for GB >= 2 query heads: every score of the chunk (the key rows
+// alone: a block's transpose-sums per head, kept with their lane-wise max), one softmax over
+// them (the max, then the exps in whole vectors), then every value row, loaded once for the GB
+// heads. Against `chunk` its loop carries no rescale and no exp between the loads, so the core
+// runs further ahead over the rows; it reads the chunk's keys, then its values.
+template <int NH, int GB>
+static void chunk_plain(const Args& a, int64_t b, int64_t kh, int64_t g0, int64_t t0,
+                        int64_t t1, float* m_out, float* l_out, float* acc_out) {
+  const int64_t H = NH * VL, cnt = t1 - t0, full = cnt / VL * VL;
+  vec qv[GB][NH];
+  for (int g = 0; g < GB; g++)
+    for (int h = 0; h < NH; h++)
+      qv[g][h] = *(const vec*)(a.q + ((b * a.K + kh) * a.G + g0 + g) * H + h * VL) * a.scale;
+  int64_t off[CH_MAX];
+  offsets(a, b, kh, t0, t1, off);
+  alignas(64) float s[GB][CH_MAX + VL];  // the scores, then their exps; padded to whole vectors
+  vec mx[GB];  // lane-wise running max of the whole blocks' scores
+  for (int g = 0; g < GB; g++) mx[g] = vec{} - INFINITY;
+#if defined(__AVX512F__)
+  for (int64_t j = 0; j < full; j += VL)
+    for (int g = 0; g < GB; g++) {
+      vec d[VL];
+      for (int i = 0; i < VL; i++) {
+        const float* kr = a.k + off[j + i];
+        d[i] = qv[g][0] * *(const vec*)kr;
+        for (int h = 1; h < NH; h++) d[i] += qv[g][h] * *(const vec*)(kr + h * VL);
+      }
+      const vec sv = sums16(d);
+      mx[g] = mx[g] > sv ? mx[g] : sv;
+      std::memcpy(&s[g][j], &sv, sizeof(vec));
+    }
+  const int64_t rest = full;
+#else
+  const int64_t rest = 0;
+#endif
+  for (int64_t i = rest; i < cnt; i++) {  // the last, partial block (or no AVX-512)
+    const float* kr = a.k + off[i];
+    for (int g = 0; g < GB; g++) {
+      vec d = qv[g][0] * *(const vec*)kr;
+      for (int h = 1; h < NH; h++) d += qv[g][h] * *(const vec*)(kr + h * VL);
+      s[g][i] = hsum(d);
+    }
+  }
+  vec lsum[GB];
+  for (int g = 0; g < GB; g++) {
+    float m = mx[g][0];
+    for (int i = 1; i < VL; i++) m = std::max(m, mx[g][i]);
+    for (int64_t i = rest; i < cnt; i++) m = std::max(m, s[g][i]);
+    for (int64_t i = cnt; i < full + VL; i++) s[g][i] = -INFINITY;  // exp -> ~0
+    lsum[g] = vec{};
+    for (int64_t j = 0; j < cnt; j += VL) {
+      vec e;
+      std::memcpy(&e, &s[g][j], sizeof(vec));
+      e = vexp(e - m);
+      lsum[g] += e;
+      std::memcpy(&s[g][j], &e, sizeof(vec));
+    }
+    m_out[g] = m;
+  }
+  vec acc[GB][NH];
+  for (int g = 0; g < GB; g++)
+    for (int h = 0; h < NH; h++) acc[g][h] = vec{};
+  for (int64_t i = 0; i < cnt; i++) {  // each value row loaded once for the GB heads
+    const float* vr = a.v + off[i];
+    vec vv[NH];
+    for (int h = 0; h < NH; h++) vv[h] = *(const vec*)(vr + h * VL);
+    for (int g = 0; g < GB; g++) {
+      const vec e = bcast(s[g][i]);
+      for (int h = 0; h < NH; h++) acc[g][h] += e * vv[h];
+    }
+  }
+  for (int g = 0; g < GB; g++) {
+    l_out[g] = hsum(lsum[g]);
+    for (int h = 0; h < NH; h++) *(vec*)(acc_out + g * H + h * VL) = acc[g][h];
+  }
+}
+
 template <int NH>
 static void chunk_heads(const Args& a, int64_t b, int64_t kh, int64_t t0, int64_t t1, float* m,
                         float* l, float* acc) {
@@ -191,9 +289,9 @@ static void chunk_heads(const Args& a, int64_t b, int64_t kh, int64_t t0, int64_
     float* ag = acc + g0 * NH * VL;
     switch (std::min<int64_t>(GMAX, a.G - g0)) {
       case 1: chunk<NH, 1>(a, b, kh, g0, t0, t1, mg, lg, ag); break;
-      case 2: chunk<NH, 2>(a, b, kh, g0, t0, t1, mg, lg, ag); break;
-      case 3: chunk<NH, (GMAX >= 3 ? 3 : 1)>(a, b, kh, g0, t0, t1, mg, lg, ag); break;
-      default: chunk<NH, GMAX>(a, b, kh, g0, t0, t1, mg, lg, ag); break;
+      case 2: chunk_plain<NH, 2>(a, b, kh, g0, t0, t1, mg, lg, ag); break;
+      case 3: chunk_plain<NH, (GMAX >= 3 ? 3 : 2)>(a, b, kh, g0, t0, t1, mg, lg, ag); break;
+      default: chunk_plain<NH, GMAX>(a, b, kh, g0, t0, t1, mg, lg, ag); break;
     }
   }
 }
