@@ -587,15 +587,16 @@ def sparse_oracle(q, k, v, qi, wi, ki, lens, top_k, scale):
 
 
 @settings(max_examples=15, deadline=None)
-@given(B=st.integers(1, 3), T=st.integers(1, 5), K=st.integers(1, 3), G=st.integers(1, 4),
-       H=st.sampled_from([1, 8, 16, 33, 64]), S=st.integers(1, 600), I=st.integers(1, 4),
+@given(B=st.integers(1, 3), T=st.integers(1, 5), K=st.integers(1, 3), G=st.integers(1, 5),
+       H=st.sampled_from([1, 8, 16, 32, 33, 64, 128]), S=st.integers(1, 600), I=st.integers(1, 4),
        J=st.sampled_from([1, 5, 16, 64]), top_k=st.integers(1, 300), ties=st.booleans(),
        seed=st.integers(0, 2**16))
 def test_sparse_attention_equals_top_k_attention(B, T, K, G, H, S, I, J, top_k, ties, seed):
     """The sparse attention kernel (sparse.cc) against float64 numpy: several queries per
     sequence, each its own number of visible keys (more or fewer than top_k), indexer keys in
     several blocks of 256, and (ties) indexer keys of zeros, so every score ties and the
-    earliest keys must be the picks, as jax.lax.top_k picks them."""
+    earliest keys must be the picks, as jax.lax.top_k picks them. Head sizes of whole vectors
+    sum the values in registers, query heads in groups of 4 (2 at 8 vectors) and a remainder."""
     from refmodel.kernels.sparse import sparse_attend
 
     rng = np.random.default_rng(seed)
@@ -613,6 +614,15 @@ def test_sparse_attention_equals_top_k_attention(B, T, K, G, H, S, I, J, top_k, 
     np.testing.assert_allclose(np.asarray(got),
                                sparse_oracle(q, k, v, qi, wi, ki, lens, top_k, scale),
                                rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("H", [16, 32, 64, 128])
+@pytest.mark.parametrize("G", [1, 3, 5])
+def test_sparse_attention_register_sums_every_head_size_and_group(H, G):
+    """Every whole-vector head size (1, 2, 4, 8 vectors with AVX-512) with one query head,
+    a group short of 4, and groups plus a remainder (5 = 4 + 1, or 2 + 2 + 1 at 8 vectors)."""
+    test_sparse_attention_equals_top_k_attention.hypothesis.inner_test(
+        B=2, T=2, K=2, G=G, H=H, S=300, I=2, J=16, top_k=40, ties=False, seed=H + G)
 
 
 def test_sparse_attention_refuses_wrong_shapes_and_dtypes():
