@@ -50,7 +50,7 @@ import numpy as np
 
 import refmodel
 from microbench import harness, overhead, roofline
-from refmodel import costs
+from refmodel import costs, moe
 from refmodel.phases import donation
 
 BAND = roofline.BAND  # measured / predicted within this band: "on its prediction"
@@ -233,6 +233,9 @@ def measure_point(phases: refmodel.Phases, phase: str, batch: int, context: int,
         "working_set_bytes": working_set_bytes(cfg, phase, batch, context, counted),
         "kernels": overhead.count_kernels(compiled)["kernels"], "cold": cold,
     }
+    experts = experts_record(phases, phase, args, counted)
+    if experts:
+        point["experts"] = experts
     del args, compiled
     if peaks is not None:
         inputs = prediction_inputs(peaks)
@@ -250,6 +253,24 @@ def measure_point(phases: refmodel.Phases, phase: str, batch: int, context: int,
         point["drift"] = factors
         attach_prediction(point, inputs, factors)
     return point
+
+
+def experts_record(phases: refmodel.Phases, phase: str, args: tuple, counted: dict) -> dict:
+    """For decode_ffn of a model with MoE layers: the experts its B tokens touched in each
+    layer (routed as it runs), the count's expectation, and the experts' counted weight bytes
+    (ffn_up + ffn_down, every FFN layer MoE; else None): a point's routing can touch fewer or
+    more experts than the expectation, and then reads fewer or more bytes than counted."""
+    cfg = phases.cfg
+    if phase != "decode_ffn" or "moe" not in cfg.layer_ffns:
+        return {}
+    x = args[1]
+    touched = phases.experts_touched(x)
+    ops = counted["ops"]
+    every = len(touched) == cfg.n_layers and "ffn_up" in ops and "ffn_down" in ops
+    return {"touched": touched, "mean": float(np.mean(touched)),
+            "counted": moe.expected_distinct_experts(x.shape[0], cfg.n_experts, cfg.top_k),
+            "counted_bytes": (ops["ffn_up"]["weight_bytes"] + ops["ffn_down"]["weight_bytes"]
+                              if every else None)}
 
 
 def attach_prediction(point: dict, peaks: dict, factors: dict | None = None) -> dict:
@@ -272,11 +293,18 @@ def attach_prediction(point: dict, peaks: dict, factors: dict | None = None) -> 
     point["predicted"] = pred
     ratio = pred["time_s"] / point["timing"]["median"]
     point["measured_over_predicted"] = ratio
+    ex = point.get("experts")
+    if ex and ex.get("counted_bytes"):  # the same roofs, the experts it touched
+        read = ex["counted_bytes"] * (ex["mean"] / ex["counted"] - 1.0)
+        touched = roofline.predict(point["flops"], point["bytes"] + read, comp_now, mem, floor)
+        ex["measured_over_predicted"] = touched["time_s"] / point["timing"]["median"]
     spread = roofline.spread(comp) if pred["bound"] == "compute" else mem["spread"]
     if ratio > 1.0 + spread + roofline.spread(point["flops_per_s"]):
         point["suspect"], point["reason"] = True, (
             f"measured {1 / ratio:.2f}x the predicted time: faster than its roof beyond the "
-            f"spreads; the working set may be cached more than assumed, or a count is wrong")
+            f"spreads; " + (experts_reason(ex) if ex and "measured_over_predicted" in ex else
+                            "the working set may be cached more than assumed, or a count is "
+                            "wrong"))
     else:
         point["suspect"], point["reason"] = False, None
     if not BAND[0] <= ratio <= BAND[1]:
@@ -309,6 +337,9 @@ def explain(point: dict, inputs: dict) -> str:
         parts.append(f"XLA's own {c['name']} reaches {c['value'] / 1e9:.0f} GFLOP/s against "
                      f"the roof's {pred['compute_flops_per_s'] / 1e9:.0f}: against it measured/"
                      f"predicted = {t_c / t:.2f}")
+    ex = point.get("experts")
+    if ex and "measured_over_predicted" in ex and abs(ex["mean"] - ex["counted"]) > 0.05:
+        parts.append(experts_reason(ex))
     top = (point.get("breakdown") or {}).get("top")
     if top and "lost_s" in top:
         parts.append(f"most time lost in {top['op']}: {top['time_s'] * 1e3:.2f} ms "
@@ -322,6 +353,13 @@ def explain(point: dict, inputs: dict) -> str:
             ": part of the working set stays cached between calls"
             if point.get("timed", "").startswith("warm") else ""))
     return "; ".join(parts) or f"unexplained: measured/predicted {ratio:.2f}"
+
+
+def experts_reason(ex: dict) -> str:
+    """What a MoE point's own routing did against the count's expectation."""
+    return (f"its tokens touched {ex['mean']:.2f} experts per layer ({ex['touched']}) where "
+            f"the count expects {ex['counted']:.2f}: with the experts it touched, measured/"
+            f"predicted = {ex['measured_over_predicted']:.2f}")
 
 
 def attach_breakdown(point: dict, phases: refmodel.Phases, peaks: dict) -> dict:

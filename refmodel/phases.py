@@ -118,6 +118,20 @@ class Phases:
             raise ValueError(f"layer={index} is not in [0, {self.cfg.n_layers})")
         return jitted(name, self.graphdef, (index,), self.mesh)
 
+    def experts_touched(self, x: jax.Array) -> list[int]:
+        """decode_ffn on x [B, D], routed as it runs: the number of distinct experts each MoE
+        layer's B tokens choose, in layer order ([] without MoE layers). A step reads those
+        experts' weights; the count (`moe.expected_distinct_experts`) assumes their
+        expectation over random routing, E (1 - (1 - A/E)^B)."""
+        model = nnx.merge(self.graphdef, self.state)
+        h, touched = x[:, None], []
+        for block in model.blocks:
+            if block.ffn_kind == "moe":
+                _, idx = block.ffn.route(block.ffn_norm(h).reshape(-1, h.shape[-1]))
+                touched.append(int(np.unique(np.asarray(idx)).size))
+            h = block.feed(h)
+        return touched
+
     def hidden(self, batch: int, seed: int = 0) -> jax.Array:
         """A random residual-stream input x [B, D] for the decode half-phases."""
         x = np.random.default_rng(seed).standard_normal((batch, self.cfg.d_model), np.float32)

@@ -261,6 +261,32 @@ def test_faster_than_the_roof_beyond_the_spreads_is_suspect():
     assert _timed(1.15)["suspect"] is True
 
 
+def test_a_moe_point_is_predicted_again_with_the_experts_it_touched():
+    """A MoE point whose tokens touched fewer experts than the count expects reads fewer
+    bytes: measured/predicted is taken again over the experts it touched (the same roofs), and
+    a point faster than its counted roof says so instead of guessing at caching."""
+    res = peaks_result()
+    nbytes, expert_bytes = 1e8, 8e7  # 80% of the counted bytes are the experts' weights
+    t_pred = predicted(res, 1 << 30, nbytes=nbytes)["time_s"]
+    p = point(1 << 30, nbytes=nbytes, t=t_pred / 1.4)  # 1.4x faster than counted
+    p["experts"] = {"touched": [2, 3, 2, 4], "mean": 2.75, "counted": 3.5,
+                    "counted_bytes": expert_bytes}
+    p = points.attach_prediction(p, res)
+    read = nbytes - expert_bytes * (1 - 2.75 / 3.5)
+    want = predicted(res, 1 << 30, nbytes=read)["time_s"] / p["timing"]["median"]
+    assert p["measured_over_predicted"] == pytest.approx(1.4)
+    assert p["experts"]["measured_over_predicted"] == pytest.approx(want)
+    assert want == pytest.approx(1.4 * read / nbytes, rel=0.02)  # memory-bound: bytes scale it
+    assert p["suspect"] is True and "touched 2.75 experts per layer" in p["reason"]
+    assert f"{want:.2f}" in p["reason"] and f"{want:.2f}" in p["outside_reason"]
+    # without the experts' bytes (a model with dense FFN layers too): the counted reason stays
+    p["experts"] = {**p["experts"], "counted_bytes": None}
+    p.pop("outside_reason")
+    p["experts"].pop("measured_over_predicted")
+    p = points.attach_prediction(p, res)
+    assert "measured_over_predicted" not in p["experts"] and "cached" in p["reason"]
+
+
 def _has_number(text):
     return re.search(r"\d+(\.\d+)?", text) is not None
 

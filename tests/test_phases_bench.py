@@ -100,6 +100,51 @@ def test_the_timed_callable_is_the_phases_jitted_function(monkeypatch):
     assert lowered == list(refmodel.PHASES)
 
 
+def test_moe_decode_ffn_points_carry_the_experts_their_tokens_touched(result):
+    """Every MoE decode_ffn point records the distinct experts its tokens chose in each layer
+    (between top_k and min(E, B top_k)), the count's expectation and the prediction over
+    the experts it touched; dense points and other phases carry none."""
+    res, _ = result
+    cfg = sweeps.config(TINY_PLAN, "gqa moe")
+    E, A = cfg.n_experts, cfg.top_k
+    moe_ffn = [p for p in res["points"] if p["variant"] == "gqa moe" and p["phase"] == "decode_ffn"]
+    assert moe_ffn
+    for p in moe_ffn:
+        ex = p["experts"]
+        assert len(ex["touched"]) == cfg.n_layers
+        assert all(A <= n <= min(E, p["batch"] * A) for n in ex["touched"])
+        assert ex["counted"] == pytest.approx(
+            refmodel.moe.expected_distinct_experts(p["batch"], E, A))
+        assert ex["mean"] == pytest.approx(np.mean(ex["touched"]))
+        assert "measured_over_predicted" in ex
+    assert all("experts" not in p for p in res["points"]
+               if p["variant"] != "gqa moe" or p["phase"] != "decode_ffn")
+
+
+def test_experts_touched_is_the_routing_decode_ffn_runs(monkeypatch):
+    """Phases.experts_touched counts what the phase itself routes: MoE.route spied while
+    decode_ffn runs (eagerly) on the same x, layer by layer; identical tokens touch top_k."""
+    cfg = dataclasses.replace(refmodel.presets.get("tiny"), ffn="moe")
+    phases = refmodel.Phases(refmodel.init(cfg, seed=0))
+    x = phases.hidden(6, seed=3)
+    want = phases.experts_touched(x)
+    seen = []
+    route = refmodel.moe.MoE.route
+
+    def spy(self, h):
+        weights, idx = route(self, h)
+        seen.append(int(np.unique(np.asarray(idx)).size))
+        return weights, idx
+
+    monkeypatch.setattr(refmodel.moe.MoE, "route", spy)
+    from refmodel.phases import decode_ffn
+    decode_ffn(phases.graphdef, phases.state, x)
+    monkeypatch.undo()
+    assert seen == want and len(want) == cfg.n_layers
+    same = phases.experts_touched(np.repeat(np.asarray(x[:1]), 6, axis=0))
+    assert same == [cfg.top_k] * cfg.n_layers
+
+
 def test_phases_result_validates_and_bad_fields_are_named(result):
     res, out = result
     saved = json.loads((out / "phases.json").read_text())
