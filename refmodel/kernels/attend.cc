@@ -115,14 +115,52 @@ static void offsets(const Args& a, int64_t b, int64_t kh, int64_t t0, int64_t t1
   }
 }
 
+// The GB query heads from g0 of (sequence b, KV head kh), scaled, in registers.
+template <int NH, int GB>
+static inline void load_queries(const Args& a, int64_t b, int64_t kh, int64_t g0,
+                                vec (&qv)[GB][NH]) {
+  for (int g = 0; g < GB; g++)
+    for (int h = 0; h < NH; h++)
+      qv[g][h] = *(const vec*)(a.q + ((b * a.K + kh) * a.G + g0 + g) * NH * VL + h * VL) *
+                 a.scale;
+}
+
+#if defined(__AVX512F__)
+// One query head's scores of the VL keys at off[0 .. VL): their dot products side by side
+// (q [NH] vectors), then one transpose-sum: lane i is key i's score.
+template <int NH>
+static inline vec block_scores(const float* k, const int64_t* off, const vec* q) {
+  vec d[VL];
+  for (int i = 0; i < VL; i++) {
+    const float* kr = k + off[i];
+    d[i] = q[0] * *(const vec*)kr;
+    for (int h = 1; h < NH; h++) d[i] += q[h] * *(const vec*)(kr + h * VL);
+  }
+  return sums16(d);
+}
+#endif
+
+// acc[g] += p[g, i] v[off[i]] over n keys: each value row loaded once for the GB heads.
+template <int NH, int GB>
+static inline void add_values(const float* v, const int64_t* off, int64_t n, const float* p,
+                              int64_t pstride, vec (&acc)[GB][NH]) {
+  for (int64_t i = 0; i < n; i++) {
+    const float* vr = v + off[i];
+    vec vv[NH];
+    for (int h = 0; h < NH; h++) vv[h] = *(const vec*)(vr + h * VL);
+    for (int g = 0; g < GB; g++) {
+      const vec e = bcast(p[g * pstride + i]);
+      for (int h = 0; h < NH; h++) acc[g][h] += e * vv[h];
+    }
+  }
+}
+
 template <int NH, int GB>
 static void chunk(const Args& a, int64_t b, int64_t kh, int64_t g0, int64_t t0, int64_t t1,
                   float* m_out, float* l_out, float* acc_out) {
   const int64_t H = NH * VL, cnt = t1 - t0;
   vec qv[GB][NH];
-  for (int g = 0; g < GB; g++)
-    for (int h = 0; h < NH; h++)
-      qv[g][h] = *(const vec*)(a.q + ((b * a.K + kh) * a.G + g0 + g) * H + h * VL) * a.scale;
+  load_queries(a, b, kh, g0, qv);
   int64_t off[CH_MAX];
   offsets(a, b, kh, t0, t1, off);
   auto fetch = [&](int64_t i) {  // key and value row i into L1
@@ -146,15 +184,7 @@ static void chunk(const Args& a, int64_t b, int64_t kh, int64_t g0, int64_t t0, 
     vec sv[GB];
 #if defined(__AVX512F__)
     if (r == VL) {  // a whole block: per head, VL dot products and one transpose-sum
-      for (int g = 0; g < GB; g++) {
-        vec d[VL];
-        for (int i = 0; i < VL; i++) {
-          const float* kr = a.k + off[j + i];
-          d[i] = qv[g][0] * *(const vec*)kr;
-          for (int h = 1; h < NH; h++) d[i] += qv[g][h] * *(const vec*)(kr + h * VL);
-        }
-        sv[g] = sums16(d);
-      }
+      for (int g = 0; g < GB; g++) sv[g] = block_scores<NH>(a.k, off + j, qv[g]);
     } else
 #endif
     {  // the last, partial block (or no AVX-512): each key row loaded once for the heads
@@ -185,15 +215,7 @@ static void chunk(const Args& a, int64_t b, int64_t kh, int64_t g0, int64_t t0, 
       lsum[g] += sv[g];
       std::memcpy(p[g], &sv[g], sizeof(vec));
     }
-    for (int i = 0; i < r; i++) {  // each value row loaded once for the group
-      const float* vr = a.v + off[j + i];
-      vec vv[NH];
-      for (int h = 0; h < NH; h++) vv[h] = *(const vec*)(vr + h * VL);
-      for (int g = 0; g < GB; g++) {
-        const vec e = bcast(p[g][i]);
-        for (int h = 0; h < NH; h++) acc[g][h] += e * vv[h];
-      }
-    }
+    add_values(a.v, off + j, r, &p[0][0], VL, acc);
   }
   for (int g = 0; g < GB; g++) {
     m_out[g] = m[g];
@@ -212,9 +234,7 @@ static void chunk_plain(const Args& a, int64_t b, int64_t kh, int64_t g0, int64_
                         int64_t t1, float* m_out, float* l_out, float* acc_out) {
   const int64_t H = NH * VL, cnt = t1 - t0, full = cnt / VL * VL;
   vec qv[GB][NH];
-  for (int g = 0; g < GB; g++)
-    for (int h = 0; h < NH; h++)
-      qv[g][h] = *(const vec*)(a.q + ((b * a.K + kh) * a.G + g0 + g) * H + h * VL) * a.scale;
+  load_queries(a, b, kh, g0, qv);
   int64_t off[CH_MAX];
   offsets(a, b, kh, t0, t1, off);
   alignas(64) float s[GB][CH_MAX + VL];  // the scores, then their exps; padded to whole vectors
@@ -223,13 +243,7 @@ static void chunk_plain(const Args& a, int64_t b, int64_t kh, int64_t g0, int64_
 #if defined(__AVX512F__)
   for (int64_t j = 0; j < full; j += VL)
     for (int g = 0; g < GB; g++) {
-      vec d[VL];
-      for (int i = 0; i < VL; i++) {
-        const float* kr = a.k + off[j + i];
-        d[i] = qv[g][0] * *(const vec*)kr;
-        for (int h = 1; h < NH; h++) d[i] += qv[g][h] * *(const vec*)(kr + h * VL);
-      }
-      const vec sv = sums16(d);
+      const vec sv = block_scores<NH>(a.k, off + j, qv[g]);
       mx[g] = mx[g] > sv ? mx[g] : sv;
       std::memcpy(&s[g][j], &sv, sizeof(vec));
     }
@@ -264,15 +278,7 @@ static void chunk_plain(const Args& a, int64_t b, int64_t kh, int64_t g0, int64_
   vec acc[GB][NH];
   for (int g = 0; g < GB; g++)
     for (int h = 0; h < NH; h++) acc[g][h] = vec{};
-  for (int64_t i = 0; i < cnt; i++) {  // each value row loaded once for the GB heads
-    const float* vr = a.v + off[i];
-    vec vv[NH];
-    for (int h = 0; h < NH; h++) vv[h] = *(const vec*)(vr + h * VL);
-    for (int g = 0; g < GB; g++) {
-      const vec e = bcast(s[g][i]);
-      for (int h = 0; h < NH; h++) acc[g][h] += e * vv[h];
-    }
-  }
+  add_values(a.v, off, cnt, &s[0][0], CH_MAX + VL, acc);
   for (int g = 0; g < GB; g++) {
     l_out[g] = hsum(lsum[g]);
     for (int h = 0; h < NH; h++) *(vec*)(acc_out + g * H + h * VL) = acc[g][h];
