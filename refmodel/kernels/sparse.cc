@@ -148,7 +148,7 @@ static void attend_picks(const SparseArgs& a, int64_t r, int64_t kh, const int32
   const float* kb = a.k + (b * a.K + kh) * a.S * H;
   const float* vb = a.v + (b * a.K + kh) * a.S * H;
   const int64_t mv = (m + VL - 1) / VL * VL;  // a head's scores, padded to whole vectors
-  std::vector<float> s(G * mv), acc(G * H, 0.0f);
+  std::vector<float> s(G * mv);
   for (int64_t j = 0; j < std::min<int64_t>(PF, m); j++)
     for (int64_t h = 0; h < H; h += 16) __builtin_prefetch(kb + int64_t(picks[j]) * H + h);
   int64_t j = 0;
@@ -207,6 +207,7 @@ static void attend_picks(const SparseArgs& a, int64_t r, int64_t kh, const int32
     }
     return;
   }
+  std::vector<float> acc(G * H, 0.0f);  // other head sizes: the sums in memory
   for (int64_t j = 0; j < m; j++) {  // each picked value row loaded once for the G heads
     const float* val = vb + int64_t(picks[j]) * H;
     if (j + PF < m)
