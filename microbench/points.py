@@ -6,8 +6,16 @@ model (`refmodel.costs.phase_costs`) of the very same phase, so the measured poi
 FLOP/s at the counted intensity) and the predicted point sit on one roofline. The prediction
 uses what `peaks` measured on the same machine (`prediction_inputs`):
 
-    t_predicted = floor + max(FLOPs / (GEMM roof x c), bytes / (curve(working set) x m))
+    t_predicted = floor + sum over the phase's ops of
+                  max(FLOPs_op / (GEMM roof x c), bytes_op / (curve(working set) x m))
     measured / predicted = t_predicted / t_measured   (1.0 = on the roof; 0.5 = half of it)
+
+  * per op (`roofline.predict` with the cost model's ops): the ops of a compiled phase run one
+    after another, so a compute-bound FFN does not hide a memory-bound attention's time. The
+    whole phase's max(FLOPs / C, bytes / M), the bound only a program overlapping the two
+    could reach, is kept as `t_overlap_s`; the two differ only for phases that mix both kinds
+    of op (bench's GQA decode step at batch 32-64: 0.61-0.62 of the whole phase's max, 0.87-
+    0.90 of the per-op sum, the same run's points recomputed, 2-core Zen 4, 2026-12-04).
 
   * curve: for a warm point, the all-core read bandwidth at the phase's working-set size
     (weights + cache + activations), interpolated on the measured working-set curve
@@ -273,6 +281,15 @@ def experts_record(phases: refmodel.Phases, phase: str, args: tuple, counted: di
                               if every else None)}
 
 
+def point_ops(point: dict) -> dict | None:
+    """{op: {flops, bytes}} of a point's counted ops, what `roofline.predict` sums per op
+    (None for a point saved without them: its prediction is the whole phase's)."""
+    ops = point.get("ops")
+    if not ops:
+        return None
+    return {op: {"flops": c["flops"], "bytes": c["bytes"]} for op, c in ops.items()}
+
+
 def attach_prediction(point: dict, peaks: dict, factors: dict | None = None) -> dict:
     """Add `predicted`, `measured_over_predicted`, the suspect flag and, outside the band,
     `outside_reason`, from a peaks result (or its prediction_inputs)."""
@@ -288,15 +305,22 @@ def attach_prediction(point: dict, peaks: dict, factors: dict | None = None) -> 
     oh = inputs.get("overhead")
     floor = overhead.floor_s(oh, point.get("kernels", 0), cold=bool(point.get("cold"))) \
         if oh else 0.0
-    pred = roofline.predict(point["flops"], point["bytes"], comp_now, mem, floor)
+    ops = point_ops(point)
+    pred = roofline.predict(point["flops"], point["bytes"], comp_now, mem, floor, ops)
     pred["drift"] = {k: factors[k] for k in ("memory", "compute")}
     point["predicted"] = pred
     ratio = pred["time_s"] / point["timing"]["median"]
     point["measured_over_predicted"] = ratio
     ex = point.get("experts")
     if ex and ex.get("counted_bytes"):  # the same roofs, the experts it touched
-        read = ex["counted_bytes"] * (ex["mean"] / ex["counted"] - 1.0)
-        touched = roofline.predict(point["flops"], point["bytes"] + read, comp_now, mem, floor)
+        scale = ex["mean"] / ex["counted"] - 1.0  # the experts' weight bytes it did not read
+        read = ex["counted_bytes"] * scale
+        if ops:
+            ops = {**ops, **{op: {"flops": ops[op]["flops"], "bytes": ops[op]["bytes"]
+                                  + point["ops"][op]["weight_bytes"] * scale}
+                             for op in ("ffn_up", "ffn_down")}}
+        touched = roofline.predict(point["flops"], point["bytes"] + read, comp_now, mem, floor,
+                                   ops)
         ex["measured_over_predicted"] = touched["time_s"] / point["timing"]["median"]
     spread = roofline.spread(comp) if pred["bound"] == "compute" else mem["spread"]
     if ratio > 1.0 + spread + roofline.spread(point["flops_per_s"]):

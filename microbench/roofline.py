@@ -257,20 +257,46 @@ BAND = (0.75, 1.25)  # measured / predicted within this band: "on its prediction
 
 
 def predict(flops: float, nbytes: float, compute: dict, memory: dict,
-            floor_s: float = 0.0) -> dict:
-    """Roofline time of a phase: the slower of its compute and memory times, plus the floor.
-    `compute` is a roof-like {name, value}, `memory` a roof-like {level, value}."""
+            floor_s: float = 0.0, ops: dict | None = None) -> dict:
+    """Roofline time of a phase plus the floor. `compute` is a roof-like {name, value},
+    `memory` a roof-like {level, value}.
+
+    Without `ops`: the slower of the phase's compute and memory times, max(F / C, B / M), the
+    time of a program whose compute and memory traffic overlap completely. With `ops` ({op:
+    {flops, bytes}}, the phase's per-op counts, summing to flops and nbytes): the sum of every
+    op's own roofline time, sum max(F_op / C, B_op / M), the time of a program that runs its
+    ops one after another, each at its own roof (the per-op roofline of LLM-Viewer, Yuan et
+    al. 2024, arXiv:2402.16363). The two differ only where a phase mixes compute-bound and
+    memory-bound ops (a decode step at batch 32: its FFN is compute-bound, its attention reads
+    the KV cache), and there the sum is what a sequential executor can reach; `t_overlap_s`
+    keeps the max. `bound` is the side whose ops take the larger share of the time."""
     t_compute, t_memory = flops / compute["value"], nbytes / memory["value"]
-    t_roof = max(t_compute, t_memory)
+    t_overlap = max(t_compute, t_memory)
+    if ops:
+        if not math.isclose(sum(o["flops"] for o in ops.values()), flops, rel_tol=1e-6) or \
+                not math.isclose(sum(o["bytes"] for o in ops.values()), nbytes, rel_tol=1e-6):
+            raise ValueError("predict: the ops' FLOPs and bytes must sum to the phase's")
+        side = {"compute": 0.0, "memory": 0.0}
+        for o in ops.values():
+            tc, tm = o["flops"] / compute["value"], o["bytes"] / memory["value"]
+            side["compute" if tc >= tm else "memory"] += max(tc, tm)
+        t_roof = side["compute"] + side["memory"]
+        bound = "compute" if side["compute"] >= side["memory"] else "memory"
+    else:
+        t_roof = t_overlap
+        bound = "compute" if t_compute >= t_memory else "memory"
     t = floor_s + t_roof
-    bound = "compute" if t_compute >= t_memory else "memory"
     if floor_s > t_roof:
         bound = "overhead"
-    return {"time_s": t, "bound": bound, "t_compute_s": t_compute, "t_memory_s": t_memory,
-            "floor_s": floor_s, "compute_roof": compute["name"],
-            "compute_flops_per_s": compute["value"], "memory_level": memory["level"],
-            "memory_roof": memory.get("name"),
-            "memory_bytes_per_s": memory["value"], "flops_per_s": flops / t if t else None}
+    out = {"time_s": t, "bound": bound, "t_compute_s": t_compute, "t_memory_s": t_memory,
+           "floor_s": floor_s, "compute_roof": compute["name"],
+           "compute_flops_per_s": compute["value"], "memory_level": memory["level"],
+           "memory_roof": memory.get("name"),
+           "memory_bytes_per_s": memory["value"], "flops_per_s": flops / t if t else None}
+    if ops:
+        out.update(per_op=True, t_overlap_s=floor_s + t_overlap,
+                   t_compute_bound_ops_s=side["compute"], t_memory_bound_ops_s=side["memory"])
+    return out
 
 
 def spread(entry: dict) -> float:

@@ -117,6 +117,29 @@ def test_prediction_is_the_slower_of_compute_and_memory_plus_the_floor():
     assert floor["bound"] == "overhead" and floor["time_s"] == pytest.approx(1e-3 + 1e3 / 5e10)
 
 
+def test_per_op_prediction_sums_each_ops_own_roofline_time():
+    """With the phase's ops, the prediction is sum max(F_op / C, B_op / M): a compute-bound op
+    and a memory-bound op do not hide each other's time, as max(F / C, B / M) assumes."""
+    compute, memory = ROOFS["compute"][0], MAIN_RW  # 2e11 FLOP/s, 5e10 B/s
+    ops = {"ffn": {"flops": 4e11, "bytes": 1e9},  # compute-bound: 2 s (memory 0.02 s)
+           "attn": {"flops": 1e9, "bytes": 5e10}}  # memory-bound: 1 s (compute 0.005 s)
+    whole = roofline.predict(4.01e11, 5.1e10, compute, memory)
+    per_op = roofline.predict(4.01e11, 5.1e10, compute, memory, floor_s=1e-3, ops=ops)
+    assert whole["time_s"] == pytest.approx(4.01e11 / 2e11)  # the compute time alone: 2.005 s
+    assert per_op["time_s"] == pytest.approx(1e-3 + 2.0 + 1.0)
+    assert per_op["t_overlap_s"] == pytest.approx(1e-3 + whole["time_s"])
+    assert per_op["t_compute_bound_ops_s"] == pytest.approx(2.0)
+    assert per_op["t_memory_bound_ops_s"] == pytest.approx(1.0)
+    assert per_op["bound"] == "compute" and per_op["per_op"] is True
+    assert "per_op" not in whole
+    # ops all on one side: the sum is the whole phase's max (every op's bytes over one roof)
+    same = {"a": {"flops": 1e6, "bytes": 1e9}, "b": {"flops": 2e6, "bytes": 3e9}}
+    assert roofline.predict(3e6, 4e9, compute, memory, ops=same)["time_s"] == pytest.approx(
+        roofline.predict(3e6, 4e9, compute, memory)["time_s"])
+    with pytest.raises(ValueError, match="sum to the phase"):
+        roofline.predict(3e6, 5e9, compute, memory, ops=same)
+
+
 def test_a_spec_devices_roofs_are_its_dtype_peak_and_its_main_memory():
     from microbench import hardware
 

@@ -76,7 +76,8 @@ def below_ridge_claim(series: dict[str, list[tuple[float, float, float]]],
 
 
 def roofline_claim(points: Sequence[dict]) -> str:
-    """Which roof the prediction puts each phase under, counted over the plotted points."""
+    """Which roof the prediction puts each phase under (of a per-op prediction, the side whose
+    ops take most of its time), counted over the plotted points."""
     parts = []
     for phase in PHASE_NAMES:
         bounds = Counter((p.get("predicted") or {}).get("bound") for p in points

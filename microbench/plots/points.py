@@ -216,7 +216,8 @@ def phases_roofline_figure(results: Sequence[dict], title: str | None = None) ->
     for ph, m in PHASE_MARKERS.items():
         ax.plot([], [], m, color="0.3", mfc="0.6", label=f"phase: {ph}")
     ax.scatter([], [], marker="o", facecolors="none", edgecolors="0.3",
-               label="hollow: roofline prediction of the same phase")
+               label="hollow: roofline prediction of the same phase\n(the sum of its ops' "
+                     "roofline times: below the roof\nwhere compute- and memory-bound ops mix)")
     notes.legend(ax)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
