@@ -113,10 +113,12 @@ def summary_markdown(peaks: dict, phases: dict) -> str:
               f"{band['band'][0]}-{band['band'][1]} of their prediction**; "
               f"{band['suspect']} flagged above their roof.", "",
               "| variant | phase | batch | context | FLOP/byte | GFLOP/s | GB/s | ms | "
-              "bound | level | measured/predicted | reason (outside the band) |",
+              "bound | level | measured/predicted | reason (outside the band or above the "
+              "roof) |",
               "|" + "---|" * 12]
     for p in phases["points"]:
-        if "roofline" not in point_sweeps(p) and "outside_reason" not in p:
+        if "roofline" not in point_sweeps(p) and "outside_reason" not in p \
+                and not p.get("suspect"):
             continue
         r = summary_row(p)
         ratio = f"{r['meas/pred']:.2f}" if r["meas/pred"] is not None else "-"
@@ -124,7 +126,7 @@ def summary_markdown(peaks: dict, phases: dict) -> str:
         lines.append(f"| {r['label']} | {r['phase']} | {r['batch']} | {r['context']} | "
                      f"{r['FLOP/byte']:.2f} | {r['GFLOP/s']:.1f} | {r['GB/s']:.1f} | "
                      f"{r['ms']:.3f} | {r['bound']} | {r['level']} | {ratio}{flag} | "
-                     f"{p.get('outside_reason', '')} |")
+                     f"{'; '.join(filter(None, (p.get('outside_reason'), p.get('reason'))))} |")
     if phases.get("report"):
         lines += ["", "## Speed report", "", "```", format_report(phases["report"]), "```"]
     return "\n".join(lines) + "\n"

@@ -179,8 +179,12 @@ def test_summary_table_lists_every_roofline_point_and_every_point_outside_the_ba
     res, _ = result
     peaks = {**PEAKS, "environment": {"date_utc": "2026-11-30", "jax_version": "x"}}
     table = summary.summary_markdown(peaks, res)
+    res = copy.deepcopy(res)
+    off = next(p for p in res["points"] if "roofline" not in point_sweeps(p))
+    off.update(suspect=True, reason="measured 0.5x the predicted time: a test's reason")
+    table = summary.summary_markdown(peaks, res)
     rows = [p for p in res["points"]
-            if "roofline" in point_sweeps(p) or "outside_reason" in p]
+            if "roofline" in point_sweeps(p) or "outside_reason" in p or p.get("suspect")]
     lines = [line for line in table.splitlines() if line.startswith(("| gqa |", "| gqa moe |"))]
     assert len(lines) == len(rows)
     for p in rows:
@@ -189,6 +193,11 @@ def test_summary_table_lists_every_roofline_point_and_every_point_outside_the_ba
     assert f"**{band['inside']} of {band['n']} phase points within" in table
     for p in band["outside"]:  # every point outside the band carries its reason in the table
         assert p["outside_reason"] and p["outside_reason"] in table
+    # and a point flagged above its roof is listed with its reason, in the sweeps or not
+    head = (f"| {summary.summary_row(off)['label']} | {off['phase']} | {off['batch']} | "
+            f"{off['context']} |")
+    row = [line for line in lines if line.startswith(head)]
+    assert len(row) == 1 and "SUSPECT |" in row[0] and "a test's reason" in row[0]
 
 
 def test_crossover_interpolates_in_log_log():
