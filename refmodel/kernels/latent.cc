@@ -16,7 +16,7 @@
 // with G = N and head sizes R + Q and R): the cache is read once, wkv_b once. Three parallel
 // passes: the query absorb per head; the attention per (sequence, chunk of CH keys), each
 // chunk a plain softmax with its own max (flash-decoding's split over the keys, as attend.cc);
-// the chunks combined and the output absorb per head.
+// the chunks combined and the output absorb per head. (Chunks are taken in runs: see below.)
 //
 // Why: XLA:CPU ran this (the same einsums, `MultiHeadLatentAttention.absorbed`) at 8.5 GB/s of
 // cache in the scores and 10 GFLOP/s in the absorbs, whose sliced wkv_b it copied and
@@ -35,6 +35,16 @@
 // ms, median 25.7 -> 21.9, faster in every pair. Cold is about 16 in-cache calls (18 ms) plus
 // most of the reads (5.4 ms at 25 GB/s): they add to the compute rather than hide under it,
 // and prefetching 64 or 128 keys ahead into L2 (the rope rows too) did not change that.
+//
+// Why they added: a chunk's scores read its rows from memory (perf on a 2-core Zen 4,
+// 2026-12-04: ~55% of `chunk`'s samples on the key loads and their prefetches), then its
+// values re-read them from L2 while memory sat idle. Each thread now takes a run of adjacent
+// chunks and, during one chunk's values, prefetches the next one's rows into L2 (a chunk is
+// 229 KiB at `bench`'s R + Q = 224), its lines shared out evenly over the value passes'
+// keys, so the scores read from L2 and memory streams under the values. `bench`'s layer
+// chained 8 times (4 at 4096 keys) through JAX, median of 9, the two builds alternated twice,
+// 2 rounds each: batch 8, 1024 keys 7.6-9.1 -> 5.7-6.4 ms; 4096 keys 14.0-15.4 -> 9.4-9.5 ms;
+// batch 1 (4 chunks: one per run, nothing to prefetch) 2.1-2.3 either way.
 #include <cmath>
 #include <cstring>
 
@@ -132,13 +142,19 @@ __attribute__((always_inline)) static inline void scores4x4(const LatentArgs& a,
 
 // acc[g, h] += sum over the chunk's keys j of p[g, j] latent[j, h] for NG heads from g0 and HB
 // vectors of channels from h0, the NG x HB sums in registers.
+// `lines` cache lines from `ahead` on are prefetched into L2 along the way, spread evenly
+// over the keys (the next chunk's rows: memory streams while this pass computes from L2).
 template <int NG, int HB>
 static void values(const float* p, int64_t pstride, const float* lat, int64_t R, int64_t cnt,
-                   int64_t h0, float* acc, int64_t astride) {
+                   int64_t h0, float* acc, int64_t astride, const char* ahead = nullptr,
+                   int64_t lines = 0) {
   vec sum[NG][HB];
   for (int g = 0; g < NG; g++)
     for (int h = 0; h < HB; h++) sum[g][h] = vec{};
+  int64_t owed = 0;
   for (int64_t j = 0; j < cnt; j++) {
+    for (owed += lines; ahead && owed >= cnt; owed -= cnt, ahead += 64)
+      __builtin_prefetch(ahead, 0, 2);
     vec v[HB];
     for (int h = 0; h < HB; h++) v[h] = *(const vec*)(lat + j * R + h0 + h * VL);
     for (int g = 0; g < NG; g++) {
@@ -156,21 +172,38 @@ constexpr int64_t VH = REGS >= 32 ? 6 : 2;
 // `values` for ng (1 .. VH) heads.
 template <int HB>
 static void values_heads(int64_t ng, const float* p, int64_t pstride, const float* lat,
-                         int64_t R, int64_t cnt, int64_t h0, float* acc) {
+                         int64_t R, int64_t cnt, int64_t h0, float* acc, const char* ahead,
+                         int64_t lines) {
   switch (ng) {
-    case 1: values<1, HB>(p, pstride, lat, R, cnt, h0, acc, R); break;
-    case 2: values<2, HB>(p, pstride, lat, R, cnt, h0, acc, R); break;
-    case 3: values<3, HB>(p, pstride, lat, R, cnt, h0, acc, R); break;
-    case 4: values<4, HB>(p, pstride, lat, R, cnt, h0, acc, R); break;
-    case 5: values<5, HB>(p, pstride, lat, R, cnt, h0, acc, R); break;
-    default: values<6, HB>(p, pstride, lat, R, cnt, h0, acc, R); break;
+    case 1: values<1, HB>(p, pstride, lat, R, cnt, h0, acc, R, ahead, lines); break;
+    case 2: values<2, HB>(p, pstride, lat, R, cnt, h0, acc, R, ahead, lines); break;
+    case 3: values<3, HB>(p, pstride, lat, R, cnt, h0, acc, R, ahead, lines); break;
+    case 4: values<4, HB>(p, pstride, lat, R, cnt, h0, acc, R, ahead, lines); break;
+    case 5: values<5, HB>(p, pstride, lat, R, cnt, h0, acc, R, ahead, lines); break;
+    default: values<6, HB>(p, pstride, lat, R, cnt, h0, acc, R, ahead, lines); break;
   }
+}
+
+// A chunk's rows as cache lines: [lat, lat + lat_lines) then [rope, rope + rope_lines).
+struct Rows {
+  const char *lat = nullptr, *rope = nullptr;
+  int64_t lat_lines = 0, rope_lines = 0;
+};
+
+// Chunk c of sequence b's rows (none past the sequence's keys).
+static Rows rows_of(const LatentArgs& a, int64_t b, int64_t c) {
+  const int64_t t0 = c * CH, cnt = std::min<int64_t>(a.lens[b], t0 + CH) - t0;
+  if (cnt <= 0) return {};
+  return {reinterpret_cast<const char*>(a.lat + (b * a.S + t0) * a.R),
+          reinterpret_cast<const char*>(a.rope + (b * a.S + t0) * a.Q),
+          (cnt * a.R * 4 + 63) / 64, (cnt * a.Q * 4 + 63) / 64};
 }
 
 // Chunk c of sequence b: m [N] (each head's max score), l [N] (its sum of exp) and acc [N, R]
 // (the exp-weighted latents, not yet divided by l).
+// `next`: the rows of the chunk this thread takes next, prefetched into L2 during the values.
 static void chunk(const LatentArgs& a, const float* ql, int64_t b, int64_t c, float* m,
-                  float* l, float* acc) {
+                  float* l, float* acc, Rows next = {}) {
   const int64_t N = a.N, R = a.R, Q = a.Q;
   const int64_t t0 = c * CH, t1 = std::min<int64_t>(a.lens[b], t0 + CH), cnt = t1 - t0;
   std::memset(acc, 0, sizeof(float) * N * R);
@@ -220,13 +253,29 @@ static void chunk(const LatentArgs& a, const float* ql, int64_t b, int64_t c, fl
   }
   // values: VH heads x 4 vectors of channels in registers per pass over the chunk's rows
   const int64_t RV = R / VL * VL;
+  // the passes over the chunk's rows below, the next chunk's lines shared out among them
+  const int64_t passes = (N + VH - 1) / VH * (RV / (4 * VL) + RV % (4 * VL) / VL);
+  const int64_t total = next.lat_lines + next.rope_lines;
+  int64_t pass = 0;
+  auto share = [&](int64_t& lines) {  // the next pass's first line and count
+    const int64_t lo = pass * total / std::max<int64_t>(1, passes);
+    const int64_t hi = ++pass * total / std::max<int64_t>(1, passes);
+    lines = hi - lo;
+    return lo < next.lat_lines ? next.lat + lo * 64 : next.rope + (lo - next.lat_lines) * 64;
+  };
   for (int64_t g = 0; g < N; g += VH) {
     const int64_t ng = std::min<int64_t>(VH, N - g);
     const float* p = s.data() + g * cntv;
     float* ag = acc + g * R;
-    int64_t h = 0;
-    for (; h + 4 * VL <= RV; h += 4 * VL) values_heads<4>(ng, p, cntv, lat, R, cnt, h, ag);
-    for (; h < RV; h += VL) values_heads<1>(ng, p, cntv, lat, R, cnt, h, ag);
+    int64_t h = 0, lines = 0;
+    for (; h + 4 * VL <= RV; h += 4 * VL) {
+      const char* ahead = share(lines);
+      values_heads<4>(ng, p, cntv, lat, R, cnt, h, ag, total ? ahead : nullptr, lines);
+    }
+    for (; h < RV; h += VL) {
+      const char* ahead = share(lines);
+      values_heads<1>(ng, p, cntv, lat, R, cnt, h, ag, total ? ahead : nullptr, lines);
+    }
     for (; h < R; h++)  // channels past the last whole vector
       for (int64_t i = 0; i < ng; i++)
         for (int64_t j = 0; j < cnt; j++) ag[i * R + h] += p[i * cntv + j] * lat[j * R + h];
@@ -361,9 +410,15 @@ static ffi::Error AttendLatent(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q_nop
   parallel_for(pool, (R + VL - 1) / VL, [=](int64_t i) {
     absorb_in(a, i * VL, std::min<int64_t>(R, (i + 1) * VL), qlp);
   });
-  parallel_for(pool, B * C, [=](int64_t job) {
-    float* m = pp + job * N * (R + 2);
-    chunk(a, qlp, job / C, job % C, m, m + N, m + 2 * N);
+  // the chunks in 2 runs of adjacent jobs per thread: each prefetches its next job's rows
+  const int64_t runs = std::min<int64_t>(B * C, 2 * threads);
+  parallel_for(pool, runs, [=](int64_t r) {
+    const int64_t lo = r * B * C / runs, hi = (r + 1) * B * C / runs;
+    for (int64_t job = lo; job < hi; job++) {
+      float* m = pp + job * N * (R + 2);
+      chunk(a, qlp, job / C, job % C, m, m + N, m + 2 * N,
+            job + 1 < hi ? rows_of(a, (job + 1) / C, (job + 1) % C) : Rows{});
+    }
   });
   for (int64_t b = 0; b < B; b++) chunk_weights(a, pp, b, cwp);
   parallel_for(pool, B, [=](int64_t b) { combine(a, pp, cwp, b, olp); });
