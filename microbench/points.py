@@ -326,7 +326,7 @@ def attach_prediction(point: dict, peaks: dict, factors: dict | None = None) -> 
     if ratio > 1.0 + spread + roofline.spread(point["flops_per_s"]):
         point["suspect"], point["reason"] = True, (
             f"measured {1 / ratio:.2f}x the predicted time: faster than its roof beyond the "
-            f"spreads; " + (experts_reason(ex) if ex and "measured_over_predicted" in ex else
+            f"spreads; " + (experts_reason(ex) if touched_differs(ex) else
                             "the working set may be cached more than assumed, or a count is "
                             "wrong"))
     else:
@@ -362,7 +362,7 @@ def explain(point: dict, inputs: dict) -> str:
                      f"the roof's {pred['compute_flops_per_s'] / 1e9:.0f}: against it measured/"
                      f"predicted = {t_c / t:.2f}")
     ex = point.get("experts")
-    if ex and "measured_over_predicted" in ex and abs(ex["mean"] - ex["counted"]) > 0.05:
+    if touched_differs(ex):
         parts.append(experts_reason(ex))
     top = (point.get("breakdown") or {}).get("top")
     if top and "lost_s" in top:
@@ -377,6 +377,12 @@ def explain(point: dict, inputs: dict) -> str:
             ": part of the working set stays cached between calls"
             if point.get("timed", "").startswith("warm") else ""))
     return "; ".join(parts) or f"unexplained: measured/predicted {ratio:.2f}"
+
+
+def touched_differs(ex: dict | None) -> bool:
+    """A MoE point whose tokens touched a different number of experts than the count expects
+    (by more than 0.05 per layer), re-predicted over them: its routing is a reason."""
+    return bool(ex and "measured_over_predicted" in ex and abs(ex["mean"] - ex["counted"]) > 0.05)
 
 
 def experts_reason(ex: dict) -> str:

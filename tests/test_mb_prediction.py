@@ -279,6 +279,12 @@ def test_a_moe_point_is_predicted_again_with_the_experts_it_touched():
     assert want == pytest.approx(1.4 * read / nbytes, rel=0.02)  # memory-bound: bytes scale it
     assert p["suspect"] is True and "touched 2.75 experts per layer" in p["reason"]
     assert f"{want:.2f}" in p["reason"] and f"{want:.2f}" in p["outside_reason"]
+    # tokens that touched what the count expects: their routing is no reason, the old one stays
+    q = point(1 << 30, nbytes=nbytes, t=t_pred / 1.4)
+    q["experts"] = {"touched": [2, 2], "mean": 2.0, "counted": 2.0, "counted_bytes": expert_bytes}
+    q = points.attach_prediction(q, res)
+    assert q["suspect"] is True and "cached" in q["reason"] and "touched" not in q["reason"]
+    assert "touched" not in q["outside_reason"]
     # without the experts' bytes (a model with dense FFN layers too): the counted reason stays
     p["experts"] = {**p["experts"], "counted_bytes": None}
     p.pop("outside_reason")

@@ -174,6 +174,8 @@ def test_claim_helpers():
                                         "(batch 1 to 4)"
     assert claims.limit_runs([1, 2, 4, 8], ["w", "w", "kv", "kv"]) == "w at 1-2, kv at 4-8"
     assert claims.gap_claim([0.8, 0.5, 1.0]).startswith("2 of 3 phase points within")
+    # a point just outside the band is not printed as its edge
+    assert "range 0.748-1.27" in claims.gap_claim([0.7481, 1.0, 1.27])
     kv = [{"preset": "win", "context": c, "kv_bytes": min(c, 512)} for c in (256, 512, 1024)]
     kv += [{"preset": "full", "context": c, "kv_bytes": c} for c in (256, 512, 1024)]
     assert claims.kv_claim(kv) == {"win": "flat from 512", "full": "x2.00 per doubling at 1,024"}

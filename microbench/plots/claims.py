@@ -200,4 +200,4 @@ def gap_claim(ratios: Sequence[float]) -> str:
     s = sorted(ratios)
     inside = sum(BAND[0] <= r <= BAND[1] for r in s)
     return (f"{inside} of {len(s)} phase points within [{BAND[0]}, {BAND[1]}] of their "
-            f"roofline prediction; median {s[len(s) // 2]:.2f}, range {s[0]:.2f}-{s[-1]:.2f}")
+            f"roofline prediction; median {s[len(s) // 2]:.3g}, range {s[0]:.3g}-{s[-1]:.3g}")

@@ -152,9 +152,12 @@ class Notes:
             ax.scatter([], [], marker="X", s=80, color=SUSPECT_COLOR, label=SUSPECT_LABEL)
 
     def text(self) -> str:
+        def span(r: dict) -> str:  # 3 digits: 0.748 is outside the band, "0.75" would not be
+            lo, hi = min(r.values()), max(r.values())
+            return f"{lo:.3g}" if f"{lo:.3g}" == f"{hi:.3g}" else f"{lo:.3g}-{hi:.3g}"
+
         lines = [f"{k}: {reason} ({len(r)} point{'s' * (len(r) > 1)}, measured/predicted "
-                 f"{min(r.values()):.2g}-{max(r.values()):.2g})" for k, (reason, r) in
-                 enumerate(self.reasons.items(), 1)]
+                 f"{span(r)})" for k, (reason, r) in enumerate(self.reasons.items(), 1)]
         lines += [f"X ({SUSPECT_LABEL}): {s}" for s in self.suspects.values()]
         if len(lines) > MAX_NOTES:
             more = len(lines) - MAX_NOTES + 1
