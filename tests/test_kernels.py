@@ -589,14 +589,17 @@ def sparse_oracle(q, k, v, qi, wi, ki, lens, top_k, scale):
 @settings(max_examples=15, deadline=None)
 @given(B=st.integers(1, 3), T=st.integers(1, 5), K=st.integers(1, 3), G=st.integers(1, 5),
        H=st.sampled_from([1, 8, 16, 32, 33, 64, 128]), S=st.integers(1, 600), I=st.integers(1, 4),
-       J=st.sampled_from([1, 5, 16, 64]), top_k=st.integers(1, 300), ties=st.booleans(),
+       J=st.sampled_from([1, 5, 16, 64]), top_k=st.integers(1, 300),
+       ties=st.sampled_from(["none", "all", "some"]),
        seed=st.integers(0, 2**16))
 def test_sparse_attention_equals_top_k_attention(B, T, K, G, H, S, I, J, top_k, ties, seed):
     """The sparse attention kernel (sparse.cc) against float64 numpy: several queries per
     sequence, each its own number of visible keys (more or fewer than top_k), indexer keys in
-    several blocks of 256, and (ties) indexer keys of zeros, so every score ties and the
-    earliest keys must be the picks, as jax.lax.top_k picks them. Head sizes of whole vectors
-    sum the values in registers, query heads in groups of 4 (2 at 8 vectors) and a remainder."""
+    several blocks of 256, and ties: indexer keys of zeros ("all": every score ties and the
+    earliest keys must be the picks, as jax.lax.top_k picks them) or drawn from three rows
+    ("some": at most three scores, integers, the k-th inside a run of equal ones). Head sizes
+    of whole vectors sum the values in registers, query heads in groups of 4 (2 at 8 vectors)
+    and a remainder."""
     from refmodel.kernels.sparse import sparse_attend
 
     rng = np.random.default_rng(seed)
@@ -606,8 +609,12 @@ def test_sparse_attention_equals_top_k_attention(B, T, K, G, H, S, I, J, top_k, 
     qi = rng.standard_normal((B, T, I, J)).astype(np.float32)
     wi = rng.standard_normal((B, T, I)).astype(np.float32)
     ki = rng.standard_normal((B, S, J)).astype(np.float32)
-    if ties:
+    if ties == "all":
         ki = np.zeros_like(ki)
+    elif ties == "some":  # small integers: every score exact, so equal rows tie exactly
+        qi, wi = (rng.integers(-2, 3, x.shape).astype(np.float32) for x in (qi, wi))
+        rows = rng.integers(-2, 3, (B, 3, J)).astype(np.float32)
+        ki = rows[np.arange(B)[:, None], rng.integers(0, 3, (B, S))]
     lens = rng.integers(1, S + 1, (B, T)).astype(np.int32)
     scale = float(H ** -0.5)
     got = jax.jit(sparse_attend, static_argnums=(7, 8))(q, k, v, qi, wi, ki, lens, top_k, scale)
@@ -622,7 +629,15 @@ def test_sparse_attention_register_sums_every_head_size_and_group(H, G):
     """Every whole-vector head size (1, 2, 4, 8 vectors with AVX-512) with one query head,
     a group short of 4, and groups plus a remainder (5 = 4 + 1, or 2 + 2 + 1 at 8 vectors)."""
     test_sparse_attention_equals_top_k_attention.hypothesis.inner_test(
-        B=2, T=2, K=2, G=G, H=H, S=300, I=2, J=16, top_k=40, ties=False, seed=H + G)
+        B=2, T=2, K=2, G=G, H=H, S=300, I=2, J=16, top_k=40, ties="none", seed=H + G)
+
+
+@pytest.mark.parametrize("top_k", [1, 50, 150, 299])
+def test_sparse_attention_ties_at_the_kth_score_go_to_the_earlier_keys(top_k):
+    """Indexer keys drawn from three rows: the k-th score falls inside a run of equal scores,
+    and the picks among them must be the earliest (the selection's threshold pass)."""
+    test_sparse_attention_equals_top_k_attention.hypothesis.inner_test(
+        B=2, T=3, K=2, G=3, H=64, S=300, I=2, J=16, top_k=top_k, ties="some", seed=top_k)
 
 
 def test_sparse_attention_refuses_wrong_shapes_and_dtypes():
