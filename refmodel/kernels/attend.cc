@@ -86,7 +86,13 @@ static inline void scores(const float* q, const float* key, int64_t G, int64_t H
 // two builds alternated 3 times beside the 1 GiB C read): 15.9-19.9 GB/s (0.38-0.59 of the
 // read) before, 20.5-28.3 (0.52-0.84) after; B 1 over 8192 keys 17.4-20.9 -> 21.4-26.7.
 // Software prefetch in the two passes made them slower there (14.6-20.6 against 21.9-26.5
-// in the same alternation): the passes stream, and the hardware's prefetchers keep up.
+// in the same alternation): the passes stream, and the hardware's prefetchers keep up. The
+// one-pass chunk's prefetch (MHA) now goes 16 rows ahead into L2 (was 8 into L1, whose 4
+// lines a row x 2 rows a key x 8 keys outnumbered the core's L1 misses in flight; in
+// latent.cc such prefetches were a fifth of the samples): the same Zen 4, `bench`'s MHA layer
+// (B 8, K 12, H 64) chained through JAX (8 layers at 256 keys, 4 at 1024), the two builds in
+// 4 alternations, 8 rounds each: 256 keys median 26.1 -> 28.3 GB/s, 1024 keys 27.8 -> 29.1
+// (GQA's two-pass layer, unchanged, in the same processes: even).
 struct Args {
   const float *q, *k, *v;
   const int32_t *tables, *lens;
@@ -97,7 +103,7 @@ struct Args {
 
 constexpr int64_t CH_MAX = 1024, CH_MIN = 64;  // keys per chunk
 constexpr int64_t JOBS_PER_THREAD = 4;
-constexpr int64_t PFK = 8;  // key and value rows ahead to prefetch
+constexpr int64_t PFK = 16;  // key and value rows ahead to prefetch
 
 // One chunk [t0, t1) of sequence b's keys (at most CH_MAX) for KV head kh and query heads
 // g0 .. g0 + GB: writes m, l [GB] (the chunk's max score and sum of exp) and acc [GB, H] (not
@@ -163,10 +169,10 @@ static void chunk(const Args& a, int64_t b, int64_t kh, int64_t g0, int64_t t0, 
   load_queries(a, b, kh, g0, qv);
   int64_t off[CH_MAX];
   offsets(a, b, kh, t0, t1, off);
-  auto fetch = [&](int64_t i) {  // key and value row i into L1
+  auto fetch = [&](int64_t i) {  // key and value row i into L2
     for (int h = 0; h < NH; h++) {
-      __builtin_prefetch(a.k + off[i] + h * VL, 0, 3);
-      __builtin_prefetch(a.v + off[i] + h * VL, 0, 3);
+      __builtin_prefetch(a.k + off[i] + h * VL, 0, 2);
+      __builtin_prefetch(a.v + off[i] + h * VL, 0, 2);
     }
   };
   for (int64_t i = 0; i < std::min<int64_t>(PFK, cnt); i++) fetch(i);
