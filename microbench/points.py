@@ -313,7 +313,7 @@ def attach_prediction(point: dict, peaks: dict, factors: dict | None = None) -> 
     point["measured_over_predicted"] = ratio
     ex = point.get("experts")
     if ex and ex.get("counted_bytes"):  # the same roofs, the experts it touched
-        scale = ex["mean"] / ex["counted"] - 1.0  # the experts' weight bytes it did not read
+        scale = ex["mean"] / ex["counted"] - 1.0  # < 0: fewer experts' bytes read than counted
         read = ex["counted_bytes"] * scale
         if ops:
             ops = {**ops, **{op: {"flops": ops[op]["flops"], "bytes": ops[op]["bytes"]
@@ -322,7 +322,10 @@ def attach_prediction(point: dict, peaks: dict, factors: dict | None = None) -> 
         touched = roofline.predict(point["flops"], point["bytes"] + read, comp_now, mem, floor,
                                    ops)
         ex["measured_over_predicted"] = touched["time_s"] / point["timing"]["median"]
-    spread = roofline.spread(comp) if pred["bound"] == "compute" else mem["spread"]
+    if pred.get("per_op") and pred["t_compute_bound_ops_s"] and pred["t_memory_bound_ops_s"]:
+        spread = max(roofline.spread(comp), mem["spread"])  # both roofs set the time
+    else:
+        spread = roofline.spread(comp) if pred["bound"] == "compute" else mem["spread"]
     if ratio > 1.0 + spread + roofline.spread(point["flops_per_s"]):
         point["suspect"], point["reason"] = True, (
             f"measured {1 / ratio:.2f}x the predicted time: faster than its roof beyond the "
@@ -349,15 +352,22 @@ def explain(point: dict, inputs: dict) -> str:
         parts.append(f"per-call floor {pred['floor_s'] * 1e6:.0f} us ({point.get('kernels', 0)} "
                      f"kernels) is {pred['floor_s'] / t:.0%} of the measured {t * 1e6:.0f} us")
     compiler = {r.get("level", r.get("dtype")): r for r in inputs["roofs"].get("compiler", [])}
+
+    def at(flops_per_s: float, bytes_per_s: float) -> float:  # the prediction at other roofs
+        return roofline.predict(point["flops"], point["bytes"],
+                                {"name": pred["compute_roof"], "value": flops_per_s},
+                                {"level": pred["memory_level"], "value": bytes_per_s},
+                                pred["floor_s"], point_ops(point))["time_s"]
+
     if pred["bound"] == "memory" and pred["memory_level"] in compiler:
         c = compiler[pred["memory_level"]]
-        t_c = pred["floor_s"] + point["bytes"] / c["value"]
+        t_c = at(pred["compute_flops_per_s"], c["value"])
         parts.append(f"XLA's own {c['name']} reaches {c['value'] / 1e9:.1f} GB/s against the "
                      f"roof's {pred['memory_bytes_per_s'] / 1e9:.1f}: against it measured/"
                      f"predicted = {t_c / t:.2f}")
     if pred["bound"] == "compute" and point["dtype"] in compiler:
         c = compiler[point["dtype"]]
-        t_c = pred["floor_s"] + point["flops"] / c["value"]
+        t_c = at(c["value"], pred["memory_bytes_per_s"])
         parts.append(f"XLA's own {c['name']} reaches {c['value'] / 1e9:.0f} GFLOP/s against "
                      f"the roof's {pred['compute_flops_per_s'] / 1e9:.0f}: against it measured/"
                      f"predicted = {t_c / t:.2f}")

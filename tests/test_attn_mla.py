@@ -106,9 +106,10 @@ def test_layer_against_numpy_oracle(q_lora):
 
 # Shapes: the comments in mla.py, pinned ------------------------------------------------------
 
-def test_shapes_under_eval_shape():
+@pytest.mark.parametrize("Ts", [2, 1])  # 1: the naive form's decode layout (`naive_one`)
+def test_shapes_under_eval_shape(Ts):
     cfg = _cfg(q_lora_rank=16)  # D 64, N 4, C 16, R 32, P 16, Q 8, U 16
-    Bs, Ts, S = 3, 2, 7
+    Bs, S = 3, 7
     D, N, R, P, Q, U = 64, 4, 32, 16, 8, 16
     layer = nnx.eval_shape(lambda: MLA(cfg, kind="mla", rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(layer)

@@ -522,6 +522,28 @@ def test_latent_attention_equals_the_absorbed_einsums(B, N, P, Q, U, R, S, seed)
                                rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("lens", [[1100, 1, 700, 257], [1, 1, 1, 1100], [256, 512, 768, 1024]])
+def test_latent_attention_in_runs_of_chunks_over_uneven_sequences(lens):
+    """Many chunks per thread (4 sequences of up to 5 chunks of 256 keys), cut into runs of
+    about equal keys, each chunk prefetching its run's next one (empty chunks of short rows
+    among them): the same numbers as the einsums, at `bench`'s MLA shape (N 12, R 192, Q 32),
+    whose value passes share out the next chunk's latent and RoPE lines."""
+    from refmodel.kernels.latent import attend_latent
+
+    B, N, P, Q, U, R, S = 4, 12, 16, 32, 16, 192, 1100
+    rng = np.random.default_rng(len(lens) + lens[0])
+    qn = rng.standard_normal((B, N, P)).astype(np.float32)
+    qr = (2 * rng.standard_normal((B, N, Q))).astype(np.float32)
+    w = (rng.standard_normal((R, N, P + U)) / np.sqrt(R)).astype(np.float32)
+    lat = (3 * rng.standard_normal((B, S, R))).astype(np.float32)
+    kr = rng.standard_normal((B, S, Q)).astype(np.float32)
+    lens = np.asarray(lens, np.int32)
+    scale = float((P + Q) ** -0.5)
+    got = jax.jit(attend_latent, static_argnums=6)(qn, qr, w, lat, kr, lens, scale)
+    np.testing.assert_allclose(np.asarray(got), latent_oracle(qn, qr, w, lat, kr, lens, scale),
+                               rtol=2e-5, atol=2e-5)
+
+
 def test_latent_attention_refuses_wrong_shapes_and_dtypes():
     from refmodel.kernels.latent import attend_latent
 

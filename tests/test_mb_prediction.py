@@ -297,10 +297,10 @@ def test_a_point_with_its_ops_is_predicted_per_op():
     """A phase point that carries its counted ops is predicted as the sum of each op's
     roofline time at the point's roofs; its experts' re-prediction moves the experts' ops."""
     res = peaks_result()
-    p = point(1 << 30, nbytes=4e9, flops=2e10, t=1.0)  # ~0.1 s of compute, ~0.1 s of memory
+    p = point(1 << 30, nbytes=5.3e9, flops=2e10, t=1.0)  # 0.1 s of compute, 0.13 of memory
     ops = {"ffn_up": {"flops": 1.5e10, "bytes": 2e8, "weight_bytes": 2e8},
            "ffn_down": {"flops": 0.5e10 - 1e6, "bytes": 1e8, "weight_bytes": 1e8},
-           "attn": {"flops": 1e6, "bytes": 3.7e9, "weight_bytes": 0.0}}
+           "attn": {"flops": 1e6, "bytes": 5e9, "weight_bytes": 0.0}}
     whole = points.attach_prediction(dict(p), res)["predicted"]
     p["ops"] = ops
     got = points.attach_prediction(p, res)["predicted"]
@@ -309,6 +309,11 @@ def test_a_point_with_its_ops_is_predicted_per_op():
     assert got["per_op"] is True and got["time_s"] == pytest.approx(want)
     assert got["time_s"] > whole["time_s"] * 1.2  # compute and memory no longer overlap
     assert p["measured_over_predicted"] == pytest.approx(want / 1.0)
+    # outside the band (measured 1 s), its compiler-level reason is per op too: the same sum
+    # with the memory roof at XLA's own read (2e10)
+    assert got["bound"] == "memory" and got["memory_level"] == "DRAM read"
+    at_xla = got["floor_s"] + sum(max(o["flops"] / c, o["bytes"] / 2e10) for o in ops.values())
+    assert f"against it measured/predicted = {at_xla:.2f}" in p["outside_reason"]
     # the experts it touched: 2 of the 3 counted, so a third of the ffn ops' weight bytes
     p["experts"] = {"touched": [2], "mean": 2.0, "counted": 3.0, "counted_bytes": 3e8}
     p = points.attach_prediction(p, res)

@@ -87,9 +87,10 @@ static inline void scores(const float* q, const float* key, int64_t G, int64_t H
 // read) before, 20.5-28.3 (0.52-0.84) after; B 1 over 8192 keys 17.4-20.9 -> 21.4-26.7.
 // Software prefetch in the two passes made them slower there (14.6-20.6 against 21.9-26.5
 // in the same alternation): the passes stream, and the hardware's prefetchers keep up. The
-// one-pass chunk's prefetch (MHA) now goes 16 rows ahead into L2 (was 8 into L1, whose 4
-// lines a row x 2 rows a key x 8 keys outnumbered the core's L1 misses in flight; in
-// latent.cc such prefetches were a fifth of the samples): the same Zen 4, `bench`'s MHA layer
+// one-pass chunk's prefetch (MHA) now goes 16 rows ahead into L2 (was 8 into L1: 4 lines a
+// row x 2 rows a key x 8 keys, more than the core's L1 misses in flight; in latent.cc such
+// prefetches held a fifth of the samples; distance and level changed together, not measured
+// apart; the Xeon's "16 rows: even" above was into L1): the same Zen 4, `bench`'s MHA layer
 // (B 8, K 12, H 64) chained through JAX (8 layers at 256 keys, 4 at 1024), the two builds in
 // 4 alternations, 8 rounds each: 256 keys median 26.1 -> 28.3 GB/s, 1024 keys 27.8 -> 29.1
 // (GQA's two-pass layer, unchanged, in the same processes: even).

@@ -140,21 +140,39 @@ __attribute__((always_inline)) static inline void scores4x4(const LatentArgs& a,
 }
 #endif
 
+// A chunk's rows as cache lines, numbered 0 .. lat_lines + rope_lines: its latent rows' lines,
+// then its RoPE keys'.
+struct Rows {
+  const char *lat = nullptr, *rope = nullptr;
+  int64_t lat_lines = 0, rope_lines = 0;
+  int64_t lines() const { return lat_lines + rope_lines; }
+  const char* line(int64_t i) const {
+    return i < lat_lines ? lat + i * 64 : rope + (i - lat_lines) * 64;
+  }
+};
+
+// Lines lo .. hi of a chunk's rows, to prefetch into L2 over a pass of `steps` steps.
+struct Pace {
+  const Rows* rows = nullptr;
+  int64_t lo = 0, hi = 0, owed = 0;
+  void step(int64_t steps) {  // this step's share: (hi - lo) / steps lines on average
+    for (owed += hi - lo; rows && owed >= steps; owed -= steps)
+      __builtin_prefetch(rows->line(lo++), 0, 2);
+  }
+};
+
 // acc[g, h] += sum over the chunk's keys j of p[g, j] latent[j, h] for NG heads from g0 and HB
-// vectors of channels from h0, the NG x HB sums in registers.
-// `lines` cache lines from `ahead` on are prefetched into L2 along the way, spread evenly
-// over the keys (the next chunk's rows: memory streams while this pass computes from L2).
+// vectors of channels from h0, the NG x HB sums in registers. `pace`: lines of the next chunk
+// prefetched into L2 along the way, spread evenly over the keys (memory streams while this
+// pass computes from L2).
 template <int NG, int HB>
 static void values(const float* p, int64_t pstride, const float* lat, int64_t R, int64_t cnt,
-                   int64_t h0, float* acc, int64_t astride, const char* ahead = nullptr,
-                   int64_t lines = 0) {
+                   int64_t h0, float* acc, int64_t astride, Pace pace = {}) {
   vec sum[NG][HB];
   for (int g = 0; g < NG; g++)
     for (int h = 0; h < HB; h++) sum[g][h] = vec{};
-  int64_t owed = 0;
   for (int64_t j = 0; j < cnt; j++) {
-    for (owed += lines; ahead && owed >= cnt; owed -= cnt, ahead += 64)
-      __builtin_prefetch(ahead, 0, 2);
+    pace.step(cnt);
     vec v[HB];
     for (int h = 0; h < HB; h++) v[h] = *(const vec*)(lat + j * R + h0 + h * VL);
     for (int g = 0; g < NG; g++) {
@@ -172,23 +190,16 @@ constexpr int64_t VH = REGS >= 32 ? 6 : 2;
 // `values` for ng (1 .. VH) heads.
 template <int HB>
 static void values_heads(int64_t ng, const float* p, int64_t pstride, const float* lat,
-                         int64_t R, int64_t cnt, int64_t h0, float* acc, const char* ahead,
-                         int64_t lines) {
+                         int64_t R, int64_t cnt, int64_t h0, float* acc, Pace pace) {
   switch (ng) {
-    case 1: values<1, HB>(p, pstride, lat, R, cnt, h0, acc, R, ahead, lines); break;
-    case 2: values<2, HB>(p, pstride, lat, R, cnt, h0, acc, R, ahead, lines); break;
-    case 3: values<3, HB>(p, pstride, lat, R, cnt, h0, acc, R, ahead, lines); break;
-    case 4: values<4, HB>(p, pstride, lat, R, cnt, h0, acc, R, ahead, lines); break;
-    case 5: values<5, HB>(p, pstride, lat, R, cnt, h0, acc, R, ahead, lines); break;
-    default: values<6, HB>(p, pstride, lat, R, cnt, h0, acc, R, ahead, lines); break;
+    case 1: values<1, HB>(p, pstride, lat, R, cnt, h0, acc, R, pace); break;
+    case 2: values<2, HB>(p, pstride, lat, R, cnt, h0, acc, R, pace); break;
+    case 3: values<3, HB>(p, pstride, lat, R, cnt, h0, acc, R, pace); break;
+    case 4: values<4, HB>(p, pstride, lat, R, cnt, h0, acc, R, pace); break;
+    case 5: values<5, HB>(p, pstride, lat, R, cnt, h0, acc, R, pace); break;
+    default: values<6, HB>(p, pstride, lat, R, cnt, h0, acc, R, pace); break;
   }
 }
-
-// A chunk's rows as cache lines: [lat, lat + lat_lines) then [rope, rope + rope_lines).
-struct Rows {
-  const char *lat = nullptr, *rope = nullptr;
-  int64_t lat_lines = 0, rope_lines = 0;
-};
 
 // Chunk c of sequence b's rows (none past the sequence's keys).
 static Rows rows_of(const LatentArgs& a, int64_t b, int64_t c) {
@@ -254,28 +265,21 @@ static void chunk(const LatentArgs& a, const float* ql, int64_t b, int64_t c, fl
   // values: VH heads x 4 vectors of channels in registers per pass over the chunk's rows
   const int64_t RV = R / VL * VL;
   // the passes over the chunk's rows below, the next chunk's lines shared out among them
-  const int64_t passes = (N + VH - 1) / VH * (RV / (4 * VL) + RV % (4 * VL) / VL);
-  const int64_t total = next.lat_lines + next.rope_lines;
+  const int64_t passes = std::max<int64_t>(
+      1, (N + VH - 1) / VH * (RV / (4 * VL) + RV % (4 * VL) / VL));
   int64_t pass = 0;
-  auto share = [&](int64_t& lines) {  // the next pass's first line and count
-    const int64_t lo = pass * total / std::max<int64_t>(1, passes);
-    const int64_t hi = ++pass * total / std::max<int64_t>(1, passes);
-    lines = hi - lo;
-    return lo < next.lat_lines ? next.lat + lo * 64 : next.rope + (lo - next.lat_lines) * 64;
+  auto share = [&] {  // the next pass's lines of the next chunk
+    const int64_t lo = pass * next.lines() / passes, hi = ++pass * next.lines() / passes;
+    return Pace{next.lines() ? &next : nullptr, lo, hi};
   };
   for (int64_t g = 0; g < N; g += VH) {
     const int64_t ng = std::min<int64_t>(VH, N - g);
     const float* p = s.data() + g * cntv;
     float* ag = acc + g * R;
-    int64_t h = 0, lines = 0;
-    for (; h + 4 * VL <= RV; h += 4 * VL) {
-      const char* ahead = share(lines);
-      values_heads<4>(ng, p, cntv, lat, R, cnt, h, ag, total ? ahead : nullptr, lines);
-    }
-    for (; h < RV; h += VL) {
-      const char* ahead = share(lines);
-      values_heads<1>(ng, p, cntv, lat, R, cnt, h, ag, total ? ahead : nullptr, lines);
-    }
+    int64_t h = 0;
+    for (; h + 4 * VL <= RV; h += 4 * VL)
+      values_heads<4>(ng, p, cntv, lat, R, cnt, h, ag, share());
+    for (; h < RV; h += VL) values_heads<1>(ng, p, cntv, lat, R, cnt, h, ag, share());
     for (; h < R; h++)  // channels past the last whole vector
       for (int64_t i = 0; i < ng; i++)
         for (int64_t j = 0; j < cnt; j++) ag[i * R + h] += p[i * cntv + j] * lat[j * R + h];
@@ -410,10 +414,20 @@ static ffi::Error AttendLatent(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q_nop
   parallel_for(pool, (R + VL - 1) / VL, [=](int64_t i) {
     absorb_in(a, i * VL, std::min<int64_t>(R, (i + 1) * VL), qlp);
   });
-  // the chunks in 2 runs of adjacent jobs per thread: each prefetches its next job's rows
-  const int64_t runs = std::min<int64_t>(B * C, 2 * threads);
+  // the chunks in 2 runs of adjacent jobs per thread, of about equal keys (the sequences'
+  // lengths differ): each job prefetches its run's next job's rows
+  const int64_t jobs = B * C, runs = std::min<int64_t>(jobs, 2 * threads);
+  std::vector<int64_t> keys(jobs + 1, 0), cut(runs + 1, 0);  // keys before job j; run starts
+  for (int64_t j = 0; j < jobs; j++)
+    keys[j + 1] = keys[j] + std::clamp<int64_t>(len[j / C] - j % C * CH, 0, CH);
+  for (int64_t r = 1; r < runs; r++) {  // run r: from the first job with r / runs of the keys
+    const auto j = std::lower_bound(keys.begin(), keys.end(), r * keys[jobs] / runs);
+    cut[r] = std::clamp<int64_t>(j - keys.begin(), cut[r - 1], jobs);
+  }
+  cut[runs] = jobs;
+  const int64_t* cuts = cut.data();
   parallel_for(pool, runs, [=](int64_t r) {
-    const int64_t lo = r * B * C / runs, hi = (r + 1) * B * C / runs;
+    const int64_t lo = cuts[r], hi = cuts[r + 1];
     for (int64_t job = lo; job < hi; job++) {
       float* m = pp + job * N * (R + 2);
       chunk(a, qlp, job / C, job % C, m, m + N, m + 2 * N,
