@@ -95,6 +95,13 @@ def probe_lines(phases: dict) -> list[str]:
         line += (f"; a point's read probe before vs after it: correlation {r:.2f} over "
                  f"{len(pairs)} points (near 1: slow drift the probes follow; near 0: the "
                  "bandwidth moves within a point's time)")
+    level = (phases.get("peaks") or {}).get("read_level")
+    if level:
+        line += (f"\n- predicted at the probe's program's read level: {level['program']} "
+                 f"{level['value'] / 1e9:.1f} GB/s in the rounds, where the roof, "
+                 f"{level['roof_program']}, read {level['roof_value'] / 1e9:.1f} "
+                 f"({level['roof_value'] / level['value']:.2f}x): the probes scale the program "
+                 "they measure")
     return [line]
 
 

@@ -223,6 +223,40 @@ def test_the_c_read_is_the_probes_reference_when_the_rounds_have_it(monkeypatch)
     assert ref["rounds"]["read_bytes_per_s"] == [2e10, 3e10, 4e10]
 
 
+def test_predictions_use_the_probe_programs_read_level_when_another_program_is_the_roof():
+    """XLA's read reached the roof (4e10) but the probes run the C read (median 3.2e10 in the
+    rounds): predictions scale the C read's own level, the roof drawn in peaks is unchanged,
+    and the summary says which level the points were predicted at."""
+    from microbench import summary
+
+    res = peaks_result()
+    roof = next(r for r in res["roofs"]["memory"] if r["level"] == "DRAM read")
+    roof["program"] = "XLA read (jnp.sum)"
+    c_read = {"program": "C read (gcc, 2 threads)", "values": [3.0e10, 3.2e10, 4.2e10],
+              "median": 3.2e10, "min": 3.0e10, "max": 4.2e10, "spread": 0.375}
+    res["main_roofs"]["main_read"] = {"programs": [
+        {"program": "XLA read (jnp.sum)", "values": [4e10], "median": 4e10}, c_read]}
+    inputs = points.prediction_inputs(res)
+    used = next(r for r in inputs["roofs"]["memory"] if r["level"] == "DRAM read")
+    assert used["value"] == 3.2e10 and used["program"] == c_read["program"]
+    assert (used["p10"], used["p90"]) == (3.0e10, 4.2e10) and roof["value"] == MAIN_READ
+    assert inputs["read_level"] == {"program": c_read["program"], "value": 3.2e10,
+                                    "roof_program": "XLA read (jnp.sum)", "roof_value": 4e10}
+    cold = {**point(1 << 30), "cold": True}
+    pred = points.attach_prediction(cold, res)["predicted"]
+    assert pred["memory_bytes_per_s"] == pytest.approx(3.2e10)
+    # the C read the roof itself: nothing replaced
+    roof["program"] = c_read["program"]
+    assert points.prediction_inputs(res)["read_level"] is None
+    assert points.attach_prediction({**point(1 << 30), "cold": True}, res)["predicted"][
+        "memory_bytes_per_s"] == pytest.approx(MAIN_READ)
+    line = summary.probe_lines({"points": [], "peaks": {
+        "probe_reference": {"probe": "C read probe", "read_bytes_per_s": 3.2e10},
+        "read_level": inputs["read_level"]}})[0]
+    assert "predicted at the probe's program's read level: C read (gcc, 2 threads) 32.0" in line
+    assert "XLA read (jnp.sum), read 40.0 (1.25x)" in line
+
+
 def test_repredict_takes_each_factor_over_the_neighbouring_points_probes():
     res = peaks_result()
     inputs = points.prediction_inputs(res)  # read probe reference 3e10
