@@ -143,8 +143,10 @@ def at_probe_level(roofs: dict, roof: dict, prog: dict) -> tuple[dict, dict]:
     rounds) and the C read's probes scaled XLA's figure: 43 of 87 points in the band, 69 at
     the C read's level (recomputed from the same points); where the C read is the roof
     nothing changes. Returns (roofs, {program, value, roof_program, roof_value})."""
-    level = {**roof, "value": prog["median"], "p10": prog["min"], "p90": prog["max"],
-             "spread": prog["spread"], "program": prog["program"],
+    values = prog.get("values") or [prog["median"]]  # a result saved before min / max were kept
+    lo, hi = prog.get("min", min(values)), prog.get("max", max(values))
+    level = {**roof, "value": prog["median"], "p10": lo, "p90": hi,
+             "spread": prog.get("spread", (hi - lo) / prog["median"]), "program": prog["program"],
              "source": f"{prog['program']}, median of its rounds (the drift probe's program; "
                        f"the roof, {roof.get('program')}, read {roof['value'] / 1e9:.1f} GB/s)"}
     memory = [level if r is roof else r for r in roofs["memory"]]
