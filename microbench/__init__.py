@@ -1,18 +1,23 @@
-"""microbench: measure a machine's roofline (compute and bandwidth ceilings) honestly.
+"""microbench: measure a machine's roofline (compute and bandwidth ceilings) honestly, time the
+model's phases against it, run the serving studies, and draw every figure from saved results.
 
-Reading order: harness.py (how everything is timed, the environment block), files.py (atomic
-writers, a run's files as one set, JSON inputs read with limits), schema.py (the result
-files), roofline.py (the one owner of roofline arithmetic, no JAX: which roof to use, which
-level is main memory, the level that holds a working set, ridge points, predicted times,
-"above its roof"), compute.py and bandwidth.py (the kernels and their analytic counts),
-native.py (the C peer), rounds.py (main roofs in interleaved rounds beside numpy and C),
-hierarchy.py (bandwidth per level at a fixed thread count), plateaus.py (naming
-the memory levels of a sweep), intensity.py (the AI sweep), probe.py (drift probes),
-overhead.py (the per-call floor), hardware.py (vendor and theoretical ceilings), guard.py
-(values above a ceiling are errors), peaks.py (the whole measurement), points.py / sweeps.py /
-report.py / breakdown.py (phase points, their predictions and where their time goes), plots/
-(every figure, drawn from saved JSON without JAX: common, roofline, hierarchy, claims, points,
-sweeps, breakdown), suite.py (the main job), cli.py and commands/ (the command line). Method:
-the README's method section, after the Empirical Roofline Toolkit, STREAM/BabelStream and
-mixbench.
+Where things are (each subpackage's __init__ lists its files):
+    roofs/     what the machine can do: GEMM and FMA, STREAM bandwidth, the memory hierarchy
+               and its plateaus, the intensity sweep, the C and numpy peers in interleaved
+               rounds, drift probes, the per-call floor; `roofs/peaks.py` runs them all
+    phases/    the model's phases timed against the roofs: a phase point and its prediction,
+               the sweeps, the per-op breakdown, the speed report, the main job (suite.py)
+    studies/   serving, the simulator, serving at scale on paper, speculative decoding,
+               quantization, tensor and expert parallelism, collectives, the decode race
+    plots/     every figure and summary, from saved JSON only, without JAX
+    commands/  one module per `python -m microbench <command>`; study.py holds `finish`,
+               the step every study command ends in
+The shared core beside them: harness.py (how everything is timed, the environment block),
+files.py (atomic writers, a run's files as one set, JSON read with limits), schema.py (the
+result files), roofline.py (the one owner of roofline arithmetic, no JAX), hardware.py (vendor
+and theoretical ceilings), sysinfo.py (what the OS says), blas.py (one BLAS thread), cli.py.
+
+Reading order: harness.py, roofline.py, roofs/peaks.py, phases/points.py, plots/, then a study.
+Method: the README's method section, after the Empirical Roofline Toolkit, STREAM/BabelStream
+and mixbench.
 """

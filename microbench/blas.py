@@ -5,11 +5,9 @@ solves a 64 x 64 unit lower triangular system per chunk and head with
 `jax.scipy.linalg.solve_triangular` (refmodel/attention/linear_scan.py), LAPACK's `strsm`.
 With OpenBLAS's default threads, its worker thread keeps the second core busy after such a
 call (it waits spinning for the next one), and XLA's thread pool and the native kernels are
-left one core of two. Measured on the 2-core Zen 5 VM (`python -m microbench breakdown
---model bench --phase prefill --context 256 --attention linear`): the linear prefill took 132
-ms on two cores and 132 ms pinned to one (GQA's: 56 and 112), its LM-head product 26-28 ms
-against GQA's 16; with one BLAS thread, 80 ms and 17.0 ms. Solves this small need no second
-thread.
+left one core of two: on two cores the linear prefill then runs no faster than on one, and
+even its LM-head product slows down (`python -m microbench breakdown --model bench --phase
+prefill --context 256 --attention linear` shows it). Solves this small need no second thread.
 
 `python -m microbench` limits every BLAS library of its process to one thread before it runs
 a command; the numpy peers run in child processes of their own and keep theirs.

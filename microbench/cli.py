@@ -1,10 +1,10 @@
 """Command line: `python -m microbench <command> ...`, subcommands registered from one table.
 
 Each command lives in a module that defines `add_args(parser)` and `run(args) -> int`; the
-table COMMANDS maps a name to (help, module path), and modules are imported only when the
-parser is built, so a command's heavy imports (jax) stay inside its `run`. To add a command,
-append a line to COMMANDS (e.g. `Command("phases", "time the model's phases",
-"microbench.commands.phases")`), or call `register(...)` before `main()`.
+table COMMANDS maps a name to (help, module path), and only the module of the command being
+run is imported (`build_parser`), so a command's heavy imports (jax) never reach another.
+To add a command, append a line to COMMANDS (e.g. `Command("phases", "time the model's
+phases", "microbench.commands.phases")`), or call `register(...)` before `main()`.
 
 Errors are one line, never a traceback: bad input (ValueError, KeyError) and every OSError,
 named by its path, exit 2 (SystemExit); Ctrl-C (SIGINT) and SIGTERM exit 130 / 143 with one
@@ -77,15 +77,19 @@ def register(name: str, help: str, module: str) -> None:
     COMMANDS[:] = [c for c in COMMANDS if c.name != name] + [Command(name, help, module)]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Every subcommand, with the options of `command` only (None: of all). Only the modules
+    whose options are added are imported, so one command never pays for another's imports:
+    `figures` draws without JAX though `serve`'s options come from a module that imports it."""
     parser = argparse.ArgumentParser(prog="python -m microbench",
                                      description="Measure and draw this machine's roofline.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for cmd in COMMANDS:
-        mod = importlib.import_module(cmd.module)
         p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
-        mod.add_args(p)
-        p.set_defaults(_run=mod.run)
+        if command is None or cmd.name == command:
+            mod = importlib.import_module(cmd.module)
+            mod.add_args(p)
+            p.set_defaults(_run=mod.run)
     return parser
 
 
@@ -99,7 +103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if main_thread:  # unwind on SIGTERM (and clean up) as on Ctrl-C
         previous = signal.signal(signal.SIGTERM, _terminated)
     try:
-        parser = build_parser()
+        argv = sys.argv[1:] if argv is None else list(argv)
+        # the top level has no option but --help: a command, if any, is the first argument
+        parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else "")
         args = parser.parse_args(argv)
         prog = f"{parser.prog} {args.command}"
         blas.one_thread()  # LAPACK's spinning worker would hold a core (microbench.blas)

@@ -409,7 +409,7 @@ MICROARCH = (
                "execute 512-bit ops on a 256-bit datapath"},
     # Intel: the Optimization Reference Manual (doc 248966) per core. Intel's model numbers are
     # listed one by one; "lacks" names flags the part does not have, so a VM that reports a
-    # client model number with a server part's flags (seen: model 0xA7, Rocket Lake, with AMX
+    # client model number with a server part's flags (e.g. model 0xA7, Rocket Lake, with AMX
     # and AVX512-FP16) falls through to the entry its flags identify.
     {"vendor": INTEL, "family": 6, "model_list": (0x3C, 0x3F, 0x45, 0x46, 0x3D, 0x47, 0x4F,
                                                   0x56, 0x4E, 0x5E, 0x8E, 0x9E, 0xA5, 0xA6),

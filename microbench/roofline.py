@@ -6,7 +6,7 @@ level named, a ridge point computed and a roofline time predicted in one place (
 Waterman & Patterson, "Roofline", CACM 2009; the measured bandwidth-vs-working-set curve is
 interpolated, so a predicted time has no cliff between cache levels).
 
-A memory roof names its level in structured fields (written by microbench.peaks):
+A memory roof names its level in structured fields (written by microbench.roofs.peaks):
 
     level   the roof's key, what a prediction's `memory_level` refers to: "L2", "DRAM"
             (main memory, read+write) or "DRAM read" (main memory, read-only)

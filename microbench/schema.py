@@ -12,12 +12,12 @@ A results file (`peaks.json`, written by `python -m microbench peaks`) is one JS
     sweep           object  {kernel, byte_convention, points: [measurement], plateaus: [...]}
     intensity       object  {kernel, working_set_bytes, points: [measurement]}
     roofs           object  {compute: [roof], memory: [roof]}
-    rounds          list    optional: the interleaved rounds (microbench.rounds.measure_round)
+    rounds          list    optional: the interleaved rounds (microbench.roofs.rounds.measure_round)
     main_roofs      object  optional: per metric, the best program over the rounds, its
-                            stability and ours/peer ratios (microbench.rounds.derive)
+                            stability and ours/peer ratios (microbench.roofs.rounds.derive)
     drift           object  optional: per metric, the best program's value round by round
     hierarchy       object  optional: the native per-level sweep and its monotone checks
-    overhead        object  optional: dispatch and per-kernel cost (microbench.overhead)
+    overhead        object  optional: dispatch and per-kernel cost (microbench.roofs.overhead)
     plan, wall_s            optional: the sizes and budgets used, and the run's wall time
 
 roofs may also hold `compiler` (what XLA itself reaches: never a roof) and `ridges`
@@ -52,7 +52,7 @@ from microbench import roofline
 SCHEMA_VERSION = 1
 KIND_PEAKS = "microbench.peaks"
 KIND_PHASES = "microbench.phases"
-KIND_BREAKDOWN = "microbench.breakdown"  # microbench.breakdown's per-op result (its own fields)
+KIND_BREAKDOWN = "microbench.breakdown"  # phases/breakdown.py's per-op result (its own fields)
 PHASE_NAMES = ("prefill", "decode_attention", "decode_ffn", "decode")
 SWEEPS = ("roofline", "batch", "context")
 
@@ -213,14 +213,14 @@ def validate_result(obj) -> dict:
     return obj
 
 
-# Phases results (microbench.suite.measure_phases) ---------------------------------------------
+# Phases results (microbench.phases.suite.measure_phases) ----------------------------------
 #
 #     schema_version, kind = "microbench.phases", machine, quick, environment, wall_s
 #     model    {preset, params, dtype, config}
-#     peaks    what predictions use (microbench.points.prediction_inputs): {machine, roofs,
+#     peaks    what predictions use (microbench.phases.points.prediction_inputs): {machine, roofs,
 #              cache_capacities, curve: [[bytes, bytes/s]], overhead, probe_bytes,
 #              probe_reference}
-#     plan     the sweep plan (microbench.sweeps.PhasePlan)
+#     plan     the sweep plan (microbench.phases.sweeps.PhasePlan)
 #     points   [point]: {sweep, sweeps?, variant, label, phase, batch, context, tokens, dtype,
 #              flops, bytes, weight_bytes, kv_bytes, act_bytes, intensity, ops: {op: counts},
 #              timing, flops_per_s, bytes_per_s, tokens_per_s, working_set_bytes,
@@ -232,7 +232,7 @@ def validate_result(obj) -> dict:
 #              suspect, reason (faster than its roof beyond the spreads),
 #              outside_reason (outside 0.75-1.25: measured), breakdown {top, rows} (full run)}
 #     modelled {throughput: [...], crossover: [...], kv: [...]}  (refmodel.costs on spec devices)
-#     report   null, or the speed report (microbench.report.measure_report)
+#     report   null, or the speed report (microbench.phases.report.measure_report)
 #
 # A point is measured once per run and shared by every sweep that uses it: `sweeps` (optional,
 # a list holding `sweep` first) names them all; a file without it has one point per sweep.

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -41,18 +43,9 @@ import numpy as np
 from IPython.display import display
 from matplotlib.figure import Figure
 
-from microbench import (
-    bandwidth,
-    compute,
-    guard,
-    hardware,
-    harness,
-    intensity,
-    native,
-    peaks,
-    plots,
-)
+from microbench import hardware, harness, plots
 from microbench.roofline import predict
+from microbench.roofs import bandwidth, compute, guard, intensity, native, peaks
 from refmodel.compiler_check import cost_analysis
 
 # %%
@@ -149,7 +142,7 @@ print(f"GEMM: best {plots.fmt_si(P, 'FLOP/s')}" + (
 # hardware moves one more array than the algorithm needs; we report the algorithmic bytes, and
 # also time an in-place scale ($a_i \leftarrow s\,a_i$, donated), which reads the line it
 # writes and so pays no write-allocate. The faster of the two is the bandwidth roof, as in
-# `microbench.peaks.derive_roofs`.
+# `microbench.roofs.peaks.derive_roofs`.
 
 # %%
 llc = max((size for _, size in peaks.memory_levels(ENV, SPEC)), default=32 << 20)
@@ -202,11 +195,11 @@ print("triad counts agree with XLA; I = 1/6")
 # %%
 # XLA:CPU splits only large elementwise ops across cores: this in-cache scale may run on one
 # core while the main-memory one ran on all of them, so XLA's two numbers need not be ordered.
-# CHECK (fails on a wrong byte count or a cache-resident "main memory"): at a fixed thread count
-# (the native read of microbench.native, every core on its own slice) a working set a quarter
-# of the cache level below the last reads faster than one of 8x the last. Not a quarter of
-# the last level itself: a VM shares it with its neighbours (on a 2-core Xeon VM a quarter of
-# its 105 MiB L3 once read at 9.5 GB/s against 20.4 from main memory).
+# CHECK (fails on a wrong byte count or a cache-resident "main memory"): at a fixed thread
+# count (the native read of microbench.roofs.native, every core on its own slice) a working set
+# a quarter of the cache level below the last reads faster than one of 8x the last. Not a
+# quarter of the last level itself: a VM shares it with its neighbours, whose data may hold
+# most of it, so such a working set can read no faster than main memory.
 n_small = llc // 16  # a quarter of the last-level cache, in float32
 t = harness.time_fn(scale.fn, *bandwidth.kernel_args(scale, n_small), donate_argnums=(0,),
                     **BUDGET)
@@ -280,7 +273,7 @@ print("ridges:", {n: round(r) for n, r in ridges.items()})
 # %% [markdown]
 # ## Step 5 · Trace the roofline with one kernel: the AI sweep
 #
-# The Empirical Roofline Toolkit's trick (`microbench.intensity`): an FMA chain in place on a
+# The Empirical Roofline Toolkit's trick (`microbench.roofs.intensity`): an FMA chain in place on a
 # DRAM-sized buffer. Per element it reads 4 bytes, writes 4, and runs $k$ chains of $K$
 # multiply-adds: $I = (2Kk + k - 1)/8$ FLOP/byte for float32. Sweeping $(K, k)$ walks along
 # the bandwidth roof, then bends onto the vector-unit roof. On a CPU that roof can sit *above*

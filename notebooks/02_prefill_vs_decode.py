@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -33,7 +35,7 @@
 # prefill one only while $T$ is small, as step 2 shows. At batch 1 in float32 decode sits
 # near $0.5$ FLOP/byte, left of every ridge point (notebook 01): decode is memory-bound,
 # prefill compute-bound. Here one model is counted
-# (`refmodel.costs.phase_costs`) and measured (`microbench.points.measure_point`).
+# (`refmodel.costs.phase_costs`) and measured (`microbench.phases.points.measure_point`).
 
 # %%
 # %matplotlib inline
@@ -47,8 +49,10 @@ from IPython.display import Image, display
 from matplotlib.figure import Figure
 
 import refmodel
-from microbench import hardware, harness, peaks, plots, sweeps
-from microbench.points import Budget, measure_point
+from microbench import hardware, harness, plots
+from microbench.phases import sweeps
+from microbench.phases.points import Budget, measure_point
+from microbench.roofs import peaks
 from microbench.schema import KIND_PHASES
 from refmodel import costs
 
@@ -162,8 +166,8 @@ print("prefill intensity: below 2T/s, as the GEMM formula says")
 # %% [markdown]
 # ## Step 3 · Measure both phases on this machine
 #
-# First this machine's roofs, quickly (`microbench.peaks.quick_roofs`): one round of the main
-# roofs (`microbench.rounds`) on a main-memory array of max(1 GiB, 16 x the last-level cache)
+# First this machine's roofs, quickly (`microbench.roofs.peaks.quick_roofs`): one round of the main
+# roofs (`microbench.roofs.rounds`) on a main-memory array of max(1 GiB, 16 x the last-level cache)
 # (quick mode: 256 MiB, at least 8x the last-level cache, so up to an eighth of it may still be
 # cached and the memory roofs read a little high): XLA's float32 GEMM, read and in-place scale
 # beside numpy's matmul and a C read, scale and triad on every core. Each roof is the program that

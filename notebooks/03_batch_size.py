@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -39,8 +41,10 @@ from IPython.display import Image, display
 from matplotlib.figure import Figure
 
 import refmodel
-from microbench import hardware, harness, peaks, plots, sweeps
-from microbench.points import Budget, measure_point
+from microbench import hardware, harness, plots
+from microbench.phases import sweeps
+from microbench.phases.points import Budget, measure_point
+from microbench.roofs import peaks
 from microbench.schema import KIND_PHASES
 from refmodel import costs
 
@@ -131,7 +135,7 @@ print(f"decode step: {hi / step[hi]['median'] / (lo / step[lo]['median']):.1f}x 
 # A decode step of time $t(B)$ gives each user $1/t(B)$ tokens/s and the system $B/t(B)$.
 # Cost per token is proportional to $t(B)/B$: a user who wants the fastest tokens (small $B$)
 # occupies the chip for few tokens, so pays more per token. The modelled curves use the
-# roofline time of a real model on spec chips (`microbench.sweeps.modelled_throughput`).
+# roofline time of a real model on spec chips (`microbench.phases.sweeps.modelled_throughput`).
 
 # %%
 steps = [p for p in points if p["phase"] == "decode"]

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -50,9 +52,11 @@ from IPython.display import Image, display
 from matplotlib.figure import Figure
 
 import refmodel
-from microbench import hardware, harness, peaks, plots, sweeps
-from microbench.points import Budget, measure_point
+from microbench import hardware, harness, plots
+from microbench.phases import sweeps
+from microbench.phases.points import Budget, measure_point
 from microbench.roofline import predict, spec_roofs
+from microbench.roofs import peaks
 from refmodel import costs
 
 # %%

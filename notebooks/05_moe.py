@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -41,8 +43,10 @@ from IPython.display import display
 from matplotlib.figure import Figure
 
 import refmodel
-from microbench import hardware, harness, peaks, plots, sweeps
-from microbench.points import Budget, measure_point
+from microbench import hardware, harness, plots
+from microbench.phases import sweeps
+from microbench.phases.points import Budget, measure_point
+from microbench.roofs import peaks
 from refmodel import costs
 from refmodel.moe import expected_distinct_experts
 
@@ -238,9 +242,9 @@ print("expert intensity ~ B*A/E_touched; measured points under the spec peak")
 # %% [markdown]
 # ## Step 4 · The batch that reaches the ridge
 #
-# With the roofline model of a decode FFN step (`microbench.sweeps.step_time`, bf16 weights on
-# an H100), find the smallest batch at which the FFN becomes compute-bound, for a dense model
-# and for MoE models: the MoE needs about $E/A$ times the batch.
+# With the roofline model of a decode FFN step (`microbench.phases.sweeps.step_time`, bf16
+# weights on an H100), find the smallest batch at which the FFN becomes compute-bound, for a
+# dense model and for MoE models: the MoE needs about $E/A$ times the batch.
 #
 # Stated simplifications: none of these models' bf16 weights fits one H100 (80 GB) except
 # Qwen3-30B-A3B (printed below); the roofline of one H100 still gives the answer, because

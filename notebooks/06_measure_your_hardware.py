@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -15,9 +17,9 @@
 # # 06 · Measure your hardware, compare with other machines
 #
 # This notebook runs the project's measurement on *your* machine: the ceilings
-# (`microbench.peaks`: GEMM per dtype, the vector FMA chain, STREAM bandwidth, the
+# (`microbench.roofs.peaks`: GEMM per dtype, the vector FMA chain, STREAM bandwidth, the
 # working-set sweep that names the cache levels, the AI sweep) and a few phase points of the
-# reference model (`microbench.points`), then compares them with the results bundled in
+# reference model (`microbench.phases.points`), then compares them with the results bundled in
 # `figures/data/` (measured by `python -m microbench run` on the machine named in each file).
 #
 # Quick mode (the default) runs a very small plan in well under a minute: one GEMM size per
@@ -37,8 +39,10 @@ import numpy as np
 from IPython.display import display
 
 import refmodel
-from microbench import compute, hardware, harness, peaks, plots, roofline, sweeps
-from microbench.points import Budget, measure_point
+from microbench import hardware, harness, plots, roofline
+from microbench.phases import sweeps
+from microbench.phases.points import Budget, measure_point
+from microbench.roofs import compute, peaks
 from microbench.schema import validate_result
 
 # %%

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -42,7 +44,8 @@ from IPython.display import display
 from matplotlib.figure import Figure
 
 import refmodel
-from microbench import hardware, harness, peaks
+from microbench import hardware, harness
+from microbench.roofs import peaks
 from refmodel import costs
 from refmodel.serving import PagePool, RadixCache, metrics, workloads
 from refmodel.serving.engine import Engine
@@ -205,11 +208,11 @@ print("after both finish:", pool.check(), "- the cached pages stay for the next 
 # over the cores, each a softmax whose maximum and sum are combined at the end (the online
 # softmax's rescaling, as flash-decoding does on a GPU). The cost of
 # each, against the plain batched decode of `Phases` over a contiguous cache at the same batch
-# and context (`microbench.serve.decode_ratio`: whole engine steps against a `Phases` call
+# and context (`microbench.studies.serve.decode_ratio`: whole engine steps against a `Phases` call
 # after each, in rounds):
 
 # %%
-from microbench import serve  # noqa: E402
+from microbench.studies import serve  # noqa: E402
 from refmodel import kernels  # noqa: E402
 
 setup = serve.Setup(model=PRESET, decode_batch=4, decode_context=127)
@@ -222,9 +225,9 @@ for k, r in read.items():
 # %% [markdown]
 # On `tiny` a step takes a fraction of a millisecond, so the host's share of it (the
 # scheduler's decisions, the call's arguments) weighs on both ratios and the two paths differ
-# less (a 2-core Zen 4: 0.75 in place, 0.67 gathered); at the serve benchmark's size
-# (`small`, batch 8, 512 tokens) the same machine measured 0.87-0.97 in place and 0.70-0.72
-# gathered, in two runs (README, serving section).
+# less than at the serve benchmark's size (`small`, batch 8, 512 tokens), where reading the
+# pages in place keeps the step nearer the contiguous one than gathering them does
+# (`python -m microbench serve` measures both; README, serving section).
 #
 # Now the engine at a moderate load, recording (time, used pages, cached pages) after every
 # step. "Used" pages are held by running sequences (shared ones counted once); "cached" ones

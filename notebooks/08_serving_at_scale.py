@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -47,7 +49,9 @@ from IPython.display import display
 from matplotlib.figure import Figure
 
 import refmodel
-from microbench import harness, peaks, scale, simulate
+from microbench import harness
+from microbench.roofs import peaks
+from microbench.studies import scale, simulate
 from refmodel import costs
 from refmodel.serving import Request, metrics, workloads
 from refmodel.serving.engine import Engine

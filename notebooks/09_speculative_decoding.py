@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -48,7 +50,7 @@ from matplotlib.figure import Figure
 
 import refmodel
 from microbench import hardware, roofline
-from microbench import speculative as msp
+from microbench.studies import speculative as msp
 from refmodel import costs
 from refmodel import speculative as sp
 from refmodel.training import data, recipes, trained
@@ -122,7 +124,7 @@ print("verify intensity ~ (k + 1) x decode's, same weights read")
 # time as one decode step. Left, Llama 3 8B on the spec sheet of an H100 SXM
 # (`microbench.hardware`: dense bfloat16 peak and HBM bandwidth); right, `byte-target` on this
 # machine's measured roofs (`figures/data/peaks.json`: GEMM float32 and DRAM read, via
-# `microbench.speculative.roofs_from_peaks`; the CPU's computed spec ceiling if that file is
+# `microbench.studies.speculative.roofs_from_peaks`; the CPU's computed spec ceiling if that file is
 # missing). Points are counted, drawn on the roof they would reach.
 
 # %%
@@ -259,7 +261,7 @@ print("rejection sampling is exact; accept-all is not")
 # missing. In quick mode the pair is `micro` / `micro-draft` (the same tiny `byte-micro`
 # shape, 40 and 20 steps: seconds to train); `LAB_FULL=1` uses `target` (~9.6M parameters)
 # and `draft` (~1M), about 15 minutes each to train the first time. The prompt is the start
-# of a validation file the models never trained on (`microbench.speculative.prompts`).
+# of a validation file the models never trained on (`microbench.studies.speculative.prompts`).
 #
 # Two drafters: `Draft(model)`, a small model decoding $k$ steps, and `PromptLookup()`
 # (Saxena 2023), no model at all: it proposes the tokens that followed the last earlier
@@ -355,7 +357,7 @@ display(fig)
 # (`sp.predicted_speedup(a, k, c, v, o)`; Leviathan et al.'s Theorem 3.8 is the case of $k$
 # draft steps, $v = 1$ and $o = 0$). $o$ is measured as plain decode's time per token in the
 # loop over its step timed alone, minus 1. Below $c$ and $v_k$ are measured with
-# `microbench.speculative.step_seconds` (median of single jitted calls at a fixed context),
+# `microbench.studies.speculative.step_seconds` (median of single jitted calls at a fixed context),
 # and wall time of plain decode ($k = 0$ through the same loop) and of each speculative
 # configuration in interleaved rounds, so each speedup is a ratio of times measured
 # back to back. Prompt lookup runs no model: $c = 0$.

@@ -53,7 +53,7 @@ from refmodel.training import bits_per_byte, recipes, trained
 # %%
 QUICK = os.environ.get("LAB_FULL", "0") != "1"  # parameter: LAB_FULL=1 for publication size
 RECIPE = "micro" if QUICK else "target"  # step 5's trained model (target: ~20 min to train)
-K_BENCH = 2048  # step 3's weight [K, K]: 16 MB in float32
+K_BENCH = 2048  # step 3's square weight, K_BENCH inputs and outputs: 16 MB in float32
 ROUNDS, REPEATS = (5, 5) if QUICK else (9, 9)  # interleaved timing rounds, calls per round
 SPEC_GPU, CONTEXT = "H100 SXM", 1024  # the spec device (steps 1, 4), step 1's context
 FORMATS = ("float32", "bfloat16", "int8", "float8", "int4")
@@ -180,10 +180,10 @@ display(fig)
 # %% [markdown]
 # ## Step 2 · The formats
 #
-# `quant.quantize_matrix(w, fmt)` takes a float weight $w$ [K, N] (K inputs, N outputs) and
-# returns a `Quantized`: the values $q$ stored **output-major**, [N, K] (each output channel's
-# K inputs contiguous, the order a batch-1 product reads them), and float32 scales, all
-# symmetric and rounded to nearest:
+# `quant.quantize_matrix(w, fmt)` takes a float weight $w$ [n_in, n_out] (its inputs and
+# outputs) and returns a `Quantized`: the values $q$ stored **output-major**, [n_out, n_in]
+# (each output channel's inputs contiguous, the order a batch-1 product reads them), and
+# float32 scales, all symmetric and rounded to nearest:
 #
 # | format | values | scale $s$ (float32) | bound on $\lvert w - \hat w \rvert$ |
 # |---|---|---|---|
@@ -198,8 +198,8 @@ display(fig)
 # (or group): one outlier coarsens everyone's step, which is why int4 needs small groups.
 # float8 has a relative error instead: small weights keep their precision (down to the
 # smallest normal number, $2^{-6}s$; below it the absolute error is at most $2^{-10}s$).
-# A matrix with K = 300 (not a multiple of 32: int4 pads each channel to whole groups) and a
-# few outliers:
+# A matrix with 300 inputs (not a multiple of 32: int4 pads each channel to whole groups) and
+# a few outliers:
 
 # %%
 KQ, NQ = 300, 200
@@ -222,7 +222,7 @@ print("int4 channel 0, first 4 bytes:", [f"{b & 0xFF:08b}" for b in
 # %%
 errors = {}
 for fmt, qw in qs.items():
-    err = np.abs(np.asarray(qw.dequantize()) - w_np)  # [K, N]
+    err = np.abs(np.asarray(qw.dequantize()) - w_np)  # [n_in, n_out]
     if fmt == "int4":  # the scale of each (input, output) element's group
         s = np.repeat(np.asarray(qw.scale), 32, axis=-1)[:, :KQ].T
         bound = s / 2
@@ -281,7 +281,7 @@ x1 = jnp.asarray(np.random.default_rng(1).standard_normal((1, K_BENCH)), jnp.flo
 w_b = jnp.asarray(np.random.default_rng(2).standard_normal((K_BENCH, K_BENCH)),
                   jnp.float32) * K_BENCH**-0.5
 qb = {fmt: qmatrix(w_b, fmt) for fmt in quant.WEIGHT_FORMATS}
-q8_kn = jnp.asarray(np.asarray(qb["int8"].q).T.copy())  # int8 [K, N], the float's layout
+q8_kn = jnp.asarray(np.asarray(qb["int8"].q).T.copy())  # int8 [n_in, n_out], the float's layout
 CASES = {  # name: (fn, args, stored bytes)
     "float32 dot": (jax.jit(lambda x, w: x @ w), (x1, w_b), w_b.nbytes),
     "int8 quant.matmul": (jax.jit(quant.matmul), (x1, qb["int8"]), qb["int8"].nbytes),
@@ -329,11 +329,10 @@ for name, fmt in (("int8 quant.matmul", "int8"), ("int8 dequantize, dot", "int8"
 print("every formulation computes x @ dequantize(w)")
 
 # %% [markdown]
-# What `python -m microbench quant` measured when `refmodel.quant` was written (2-core Zen 3,
-# jax 0.10.2, a [4096, 4096] weight; the numbers are in `refmodel/quant.py`'s docstring): the
-# float32 GEMV took 4 ms; every int8 product written as a dot (dequantize then dot, a dot with
-# `preferred_element_type`, an int8 x int8 -> int32 dot) took 36-43 ms, about 10 times
-# **slower** than the float32 it was meant to beat. Only the fused multiply-and-reduce reads
+# At a large weight (`python -m microbench quant` times a [4096, 4096] one; figures/quant.md)
+# every int8 product written as a dot (dequantize then dot, a dot with
+# `preferred_element_type`, an int8 x int8 -> int32 dot) is several times **slower** than the
+# float32 GEMV it was meant to beat. Only the fused multiply-and-reduce reads
 # the int8 values without first writing a float copy; whether it then beats float32 depends on
 # the machine and the size (the ratio above is this machine's). int4 and float8 need
 # per-element work before the multiply (shift and sign-extend two nibbles; convert e4m3 to

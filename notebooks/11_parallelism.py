@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -51,7 +53,7 @@ from IPython.display import display
 from matplotlib.figure import Figure
 
 import refmodel
-from microbench.scale import chip_of, links_of
+from microbench.studies.scale import chip_of, links_of
 from refmodel import costs, parallel, presets
 from refmodel.moe import MoE
 from refmodel.parallel import comms, hlo
@@ -137,12 +139,13 @@ for name, w in weights.items():
           f"{len(a.sharding.device_set):>7}")
 
 # %%
-# CHECK: wq is split by columns and wo by rows between the two devices of a tensor group,
-# the pieces put back together are the unsharded weight, the embedding is whole everywhere.
-D, NH = cfg.d_model, cfg.n_heads * cfg.resolved_head_dim
+# CHECK: wq [D, N, H] is split by heads (its output) and wo [N, H, D] by heads (its input)
+# between the two devices of a tensor group, the pieces put back together are the unsharded
+# weight, the embedding is whole everywhere.
+D, N, H = cfg.d_model, cfg.n_heads, cfg.resolved_head_dim
 wq, wo = block.attn.wq[...], block.attn.wo[...]
-assert {s.data.shape for s in wq.addressable_shards} == {(D, NH // 2)}
-assert {s.data.shape for s in wo.addressable_shards} == {(NH // 2, D)}
+assert {s.data.shape for s in wq.addressable_shards} == {(D, N // 2, H)}
+assert {s.data.shape for s in wo.addressable_shards} == {(N // 2, H, D)}
 assert {s.data.shape for s in block.ffn.w_down[...].addressable_shards} == {(cfg.d_ff // 2, D)}
 group = [d for d in mesh.devices[0, :, 0]]  # data row 0: its two tensor devices
 pieces = {s.device: np.asarray(s.data) for s in wq.addressable_shards}

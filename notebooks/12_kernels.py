@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -22,7 +24,7 @@
 # product with a few rows of activations, and `refmodel.kernels`, the native C++ kernel for it
 # that JAX calls through `jax.ffi`.
 #
-# Six steps:
+# Step 0 shows the reference model and its backends side by side; then six steps:
 #
 # 1. a decode step is a chain of weight products with few rows: llama-309m's bytes, FLOPs and
 #    intensity at batch 1 to 8, against this machine's ridge;
@@ -53,10 +55,11 @@ from IPython.display import display
 from matplotlib.figure import Figure
 
 import refmodel
-from microbench import native, sysinfo
-from microbench.peaks import main_array_bytes
-from microbench.rounds import NumpyPeer
-from refmodel import compiler_check, costs, kernels, presets
+from microbench import sysinfo
+from microbench.roofs import native
+from microbench.roofs.peaks import main_array_bytes
+from microbench.roofs.rounds import NumpyPeer
+from refmodel import backends, compiler_check, costs, kernels, presets
 from refmodel.kernels import build
 
 # %%
@@ -90,6 +93,62 @@ print(f"native kernels: {'available' if HAVE_KERNEL else 'NOT available'} "
       + ("" if HAVE_KERNEL else f": {kernels.why_not()}"))
 
 # %% [markdown]
+# ## Step 0 · The reference, and the backends beside it
+#
+# The model you read in `refmodel/attention/gqa.py` is the reference: einsums over per-head
+# shapes, an explicit causal mask, the cache in and out. The steps a faster implementation may
+# replace are named ops (`@ops.op` in the model files); `ModelConfig.backend` picks who runs
+# them, in one place (`refmodel/ops.py`): `"reference"` (the files' own code), `"xla"` (the
+# same ops in layouts XLA's CPU compiler runs faster: `refmodel/backends/xla.py`), or
+# `"native"` (the C++ kernels of this notebook, `refmodel/backends/native.py`). Below: one
+# model on each, the same weights (`backends.use`), the same logits, and what each buys for a
+# decode step on this machine, timed in interleaved rounds in this run.
+
+# %%
+print("ops and the backends that implement them:")
+for op_name, impls in refmodel.ops.registered().items():
+    print(f"  {op_name:22s} {', '.join(impls) or '(the reference only)'}")
+ref_model = refmodel.init(presets.get("bench").replace(backend="reference"), seed=0)
+on = {"reference": ref_model, "xla": backends.use(ref_model, "xla")}
+if HAVE_KERNEL:
+    on["native"] = backends.use(ref_model, "native")
+step_args = {}
+for name, m in on.items():
+    ph = refmodel.Phases(m)
+    step_args[name] = (ph.jitted["decode"], ph.example_args("decode", 1, CONTEXT, fill=True))
+    fn, (st, tok, cache) = step_args[name]
+    step_args[name] = (fn, (st, tok, fn(st, tok, cache)[1]))  # compiled, cache carried
+
+
+def time_step(name: str) -> float:
+    fn, (st, tok, cache) = step_args[name]
+    t = time.perf_counter()
+    logits, cache = fn(st, tok, cache)
+    jax.block_until_ready(logits)
+    step_args[name] = (fn, (st, tok, cache))
+    return time.perf_counter() - t
+
+
+step_ms = {name: [] for name in on}
+for _ in range(ROUNDS):  # interleaved: each round times every backend once per repeat
+    for _ in range(REPEATS):
+        for name in on:
+            step_ms[name].append(1e3 * time_step(name))
+ref_ms = statistics.median(step_ms["reference"])
+for name, ts in step_ms.items():
+    print(f"{name:10s} decode step, bench, batch 1, context {CONTEXT}: "
+          f"{statistics.median(ts):7.2f} ms (median of {len(ts)}), "
+          f"{ref_ms / statistics.median(ts):.2f}x the reference's speed")
+
+# %%
+toks = jnp.asarray(np.random.default_rng(0).integers(0, 256, (1, 8)), jnp.int32)
+want = np.asarray(refmodel.forward(ref_model, toks))
+for m in on.values():
+    np.testing.assert_allclose(np.asarray(refmodel.forward(m, toks)), want, rtol=3e-5,
+                               atol=3e-5 * np.abs(want).max())
+print("every backend's logits equal the reference's (to float32 rounding)")
+
+# %% [markdown]
 # ## Step 1 · A decode step is a chain of weight products with few rows
 #
 # A decode step feeds one token per sequence through the model: at batch $B$ every weight
@@ -102,9 +161,9 @@ print(f"native kernels: {'available' if HAVE_KERNEL else 'NOT available'} "
 #
 # Whether that is memory- or compute-bound depends on the machine's **ridge**: its FLOP rate
 # over its read bandwidth. Both are measured here as the race measures them: the read by
-# `microbench.native`'s all-core C read (a program with no compiler in the way; if gcc is
+# `microbench.roofs.native`'s all-core C read (a program with no compiler in the way; if gcc is
 # missing, XLA's `jnp.sum` over the same array, a lower bound), the FLOP rate by numpy's
-# GEMM in a child process (`microbench.rounds.NumpyPeer`).
+# GEMM in a child process (`microbench.roofs.rounds.NumpyPeer`).
 
 # %%
 class Roofs:
@@ -121,7 +180,7 @@ class Roofs:
         self.numpy = NumpyPeer(GEMM, 1 << 20, samples=3)
 
     def read(self) -> float:
-        if self.server is not None:  # as microbench/decode.py's _read_bytes_per_s
+        if self.server is not None:  # as microbench/studies/decode.py's _read_bytes_per_s
             c = self.server.stream(3)
             return 4.0 * c["n"] / float(np.median(c["read"]))
         ts = []
@@ -209,15 +268,15 @@ display(fig)
 # panels front to back, and each 128-byte row of a panel meets every row of x (step 4).
 #
 # Timed here: `x @ w`; `jax.lax.dot_general(x, wt, (((1,), (1,)), ((), ())))`, the same
-# product over the stored K axis of wt (what `matmul="output-major"` runs); and
+# product over the stored K axis of wt (what `backend="output-major"` runs); and
 # `kernels.rows(x, wp, N)`, the native kernel over the panels (what `x @ w` runs with
-# `matmul="native"`). The rounds below time 1, 2, 4 and 8 rows of x together; this step reads
+# `backend="native"`). The rounds below time 1, 2, 4 and 8 rows of x together; this step reads
 # the 1-row column, step 3 the rest. A single 16 MB weight may sit in the last-level cache,
 # and a product repeated on it would time the cache, while a decode step reads each weight
 # once per step. So each call chains `STACK` different weights, each product's input made
-# from the last one's output (all of it, so no work can be dropped), as `microbench/decode.py`
-# chains a step's 113 products. Interleaved rounds, every form once per
-# round (the machine drifts: see the README's method section), the median over rounds.
+# from the last one's output (all of it, so no work can be dropped), as
+# `microbench/studies/decode.py` chains a step's 113 products. Interleaved rounds, every form
+# once per round (the machine drifts: see the README's method section), the median over rounds.
 
 # %%
 rng = np.random.default_rng(0)
@@ -344,7 +403,7 @@ display(fig)
 # its panels; a race run before the panel kernel names it `native [N, K]`, the earlier kernel
 # over output-major rows); the README also reports, from an earlier run on a 2-core Zen 3, a
 # [4096, 1024] product over [K, N] at a quarter of the memory's speed. Whichever form streams
-# fastest at one row here, the table above says; `matmul="native"` does not choose by rows:
+# fastest at one row here, the table above says; `backend="native"` does not choose by rows:
 # `x @ w` with a `kernels.Panels` weight runs the kernel at 1 row too, as for a few rows and
 # for a prefill, so every `x @ w` of a native model is the kernel's, whatever the batch.
 #
@@ -430,10 +489,9 @@ display(fig)
 #   x) each output keeps 2 or 4 partial sums, so that at least 8 independent FMA chains hide
 #   the FMA latency even for one row.
 # - **Passes over a panel in L2.** A pass takes at most MB = 12 rows of x with AVX-512's 32
-#   registers (24 accumulators; 4 rows with AVX2's 16). 8 rows filled a Zen 4's FMAs, which
-#   split 512-bit work in two; a Zen 5 runs them full width and needed 12 (16 to 256 rows
-#   1.1-1.4x faster in `rows.cc`'s measurement). More rows make more passes over the
-#   panel, which is K x 128 bytes and stays in L2, so a panel comes from memory once
+#   registers (24 accumulators; 4 rows with AVX2's 16): enough independent sums to hide
+#   the FMA latency on a core that runs 512-bit work at full width. More rows make more
+#   passes over the panel, which is K x 128 bytes and stays in L2, so a panel comes from memory once
 #   whatever M is. The kernel is a GEMV at 1 row, a few-rows product in a small batch or a
 #   speculative verify, and a GEMM for a prefill.
 # - **Packed x.** x is first copied in blocks of MB rows, each block transposed ([K, MB]), so
@@ -450,17 +508,16 @@ display(fig)
 #   uses and never oversubscribes them, and each core streams whole contiguous panels: with
 #   1-6 rows of x, 2 or 4 of its panels side by side, and from 7 rows of float32 weights the
 #   first pass reads a panel's inputs in 4 parts side by side (`KSPLIT` in `panels.h`): more
-#   reads in flight per core. On a 2-core Xeon VM one panel at a time read 15.7 GB/s at 1 row,
-#   four side by side 19.4; at 8 rows a product over 1 GiB read 18-19 GB/s in one stream per
-#   core, 26-27 in four parts.
+#   reads in flight per core, which a core needs to pull its share of the memory's
+#   bandwidth (`python -m microbench decode` times the product against the C read).
 # - **Built here.** `build.py` compiles it on first use with the C++ compiler on PATH, with
 #   `-O3 -march=native` (AVX-512, AVX2 or SSE, whichever this CPU has), against the FFI
 #   headers in jaxlib, and caches the library under a key of the source, flags, compiler,
 #   jaxlib and CPU. No compiler is not an error: `kernels.available()` is False and
-#   `kernels.why_not()` says why; the model then stays on XLA (`matmul="xla"`, the default).
+#   `kernels.why_not()` says why; the model then stays on XLA (`backend="xla"`, the default).
 #   `rows.py` registers it with `jax.ffi.register_ffi_target` and calls it with
 #   `jax.ffi.ffi_call`. `Panels` is the weight type whose `x @ w` calls it for every number of
-#   rows; `OutputMajor` stores [N, K] for `matmul="output-major"` and leaves every product to
+#   rows; `OutputMajor` stores [N, K] for `backend="output-major"` and leaves every product to
 #   XLA.
 #
 # A fast kernel is worth nothing if it is wrong. The checks below can fail. First the kernel
@@ -499,7 +556,7 @@ else:
 
 # %% [markdown]
 # Then in a model. Choosing the kernel is one config field,
-# `refmodel.init(cfg.replace(matmul="native"), seed=0)`, or `kernels.use_native(model)` for a
+# `refmodel.init(cfg.replace(backend="native"), seed=0)`, or `backends.use(model, "native")` for a
 # model you already have (a copy with the same weights stored in the kernel's panels). The
 # weights are drawn in float, then stored in panels, so the same seed gives the same model. On
 # the `tiny` preset: a forward pass over 2 x 8 tokens (16 rows per product) against the XLA
@@ -512,16 +569,16 @@ else:
 # %%
 if not HAVE_KERNEL:
     print(f"skipped: the native kernels are not available here ({kernels.why_not()}); "
-          "matmul='native' would raise:")
+          "backend='native' would raise:")
     try:
-        refmodel.init(presets.get("tiny").replace(matmul="native"), seed=0)
+        refmodel.init(presets.get("tiny").replace(backend="native"), seed=0)
     except RuntimeError as e:
         print(" ", e)
 else:
     cfg = presets.get("tiny")
     xla_model = refmodel.init(cfg, seed=0)
-    native_model = refmodel.init(cfg.replace(matmul="native"), seed=0)
-    converted = kernels.use_native(xla_model)  # the same, from a model you already have
+    native_model = refmodel.init(cfg.replace(backend="native"), seed=0)
+    converted = backends.use(xla_model, "native")  # the same, from a model you already have
     wq_xla = np.asarray(xla_model.blocks[0].attn.wq[...])  # [D, N*H]
     wq_native = native_model.blocks[0].attn.wq[...]  # Panels: w [ceil(N*H / 32), D, 32]
     print(f"{cfg.name}: wq {list(wq_xla.shape)} stored in panels "
@@ -552,14 +609,14 @@ else:
 
     # CHECK: same weights; logits within float32 rounding (the kernel sums each output in its
     # own order; 3e-5 of the logits' scale, the test suite's bound); identical greedy tokens;
-    # use_native(model) stores exactly what init(matmul="native") does; the kernel once per
+    # backends.use(model, "native") stores exactly what init(backend="native") does; the kernel once per
     # x @ w product at 1 row, 2 rows and 8 (tests/test_kernels.py's count).
     np.testing.assert_array_equal(np.asarray(wq_native.dequantize()), wq_xla)
     np.testing.assert_allclose(got, want, rtol=3e-5, atol=3e-5 * scale)
     np.testing.assert_array_equal(gen["native"], gen["xla"])
     for a, b in zip(jax.tree.leaves(nnx.state(converted, nnx.Param)),
                     jax.tree.leaves(nnx.state(native_model, nnx.Param)), strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # use_native == init
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # backends.use == init
     assert set(calls.values()) == {7 * cfg.n_layers + 1}, calls
     print("native model == XLA model: same weights, logits to rounding, same greedy tokens")
 
@@ -567,12 +624,12 @@ else:
 # ## Step 5 · The committed race
 #
 # `python -m microbench decode` runs llama-309m's whole decode step at batch 1, 2, 4 and 8 in
-# three programs (`matmul="xla"`, `"output-major"`, `"native"`), beside the C read, numpy's
+# three programs (`backend="xla"`, `"output-major"`, `"native"`), beside the C read, numpy's
 # GEMM and the same weights in llama.cpp (an F32 GGUF written from our model) and transformers,
 # all in interleaved rounds; every ratio is taken inside a round and the median over rounds
 # reported. Its result is committed in `figures/data/decode.json`; the table below is read
 # from it (its machine's environment is printed: most likely not this one). Its targets, as
-# `microbench/decode.py` defines them (issue 18, reported, never asserted): batch 1 at least
+# `microbench/studies/decode.py` defines them (reported, never asserted): batch 1 at least
 # as fast as llama.cpp (`vs_llamacpp`) and at `vs_read` or more of the C read; batches 2-8 at
 # `small_batch_roof` or more of their roof; the values are read from the file.
 #
@@ -695,12 +752,11 @@ if race is not None:
 # rate while streaming. The earlier kernel could not: it took dot products of rows of an
 # [N, K] weight with rows of x and summed each output across its lanes, and batch 8 was where
 # it fell below its roof. The panel kernel of step 4 broadcasts x, keeps up to 12 x 32 outputs
-# in registers (8 x 32 when the numbers below were taken) and never sums across lanes. The
-# comment at the top of `rows.cc` records, on a 2-core Zen 4 with the weight in L2, about 204
-# GFLOP/s at 8 rows against 150 for the earlier kernel. Whether that brings batch 8 to its
+# in registers and never sums across lanes, so 8 rows are no longer its compute ceiling.
+# Whether that brings batch 8 to its
 # roof while the weights stream from memory, the race in step 5 says (if it was run with the
 # panel kernel: step 5 prints which).
-# `python -m microbench breakdown --model llama-309m --batch 8 --matmul native` shows where
+# `python -m microbench breakdown --model llama-309m --batch 8 --backend native` shows where
 # such a step's time goes. From the committed data:
 
 # %%
@@ -731,8 +787,8 @@ if race is not None:
 # decode step with 4 copies of every K and V cache array per step and none at batch 2: a dot
 # over the just-written cache whose batch axis of 1 XLA drops triggered it. At context 2048
 # the copies were the step's largest op. The batch-1 cache copies were removed by computing
-# the batch-1 decode attention as a multiply-and-sum (`attend_one_summed` in
-# `refmodel/attention/common.py`), a reduce that reads the written cache directly. With one
+# the batch-1 decode attention as a multiply-and-sum (`attend_summed` in
+# `refmodel/backends/xla.py`), a reduce that reads the written cache directly. With one
 # query head per KV head (MHA), where that sum is much slower than the einsum, and in MLA's
 # absorbed form, XLA's batch 1 still copies; a native model's GQA/MHA/MQA and sliding-window
 # decode attends in the serving engine's paged kernel (`refmodel/kernels/attend.cc`, the cache

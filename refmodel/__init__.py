@@ -9,11 +9,13 @@ letter one meaning in the whole package; the table is `refmodel.shapes.SHAPE_LET
     E experts          A active (top-k) experts       R latent rank (MLA)
     W window           L layers                       V vocabulary
 
-Letters of single variants (attention/common.py, mla.py, linear.py, sparse.py):
+Letters of single variants and of the native kernels (attention/, kernels/); a size with no
+letter is written as a word (a weight product's n_in inputs and n_out outputs):
 
-    M rows of one KV head's grouped matmul, G T   U value head dim (MLA, linear attention)
-    P MLA no-RoPE query/key dims (qk_nope_dim)    Q MLA RoPE dims (qk_rope_dim)
-    Y MLA compressed-query rank (q_lora_rank)     C chunks of linear's chunked prefill
+    M rows of a product: G T of grouped attention, a weight product's tokens
+    U value head dim (MLA, linear attention)      P MLA no-RoPE query/key dims (qk_nope_dim)
+    Q MLA RoPE dims (qk_rope_dim)                 Y MLA compressed-query rank (q_lora_rank)
+    C chunks of a sequence (linear's prefill, the decode kernels' keys)
     X linear conv channels                        Z linear conv taps (linear_conv)
     I sparse indexer heads                        J sparse indexer dim
 
@@ -34,7 +36,7 @@ library's source), `refmodel.speculative` (draft, verify, accept, roll back),
 `refmodel.serving` (the engine) and `refmodel.sim` (the simulator).
 """
 
-from refmodel import attention, costs, counting, presets
+from refmodel import attention, costs, counting, ops, presets
 from refmodel.api import (
     decode_step,
     forward,
@@ -48,8 +50,16 @@ from refmodel.config import ModelConfig
 from refmodel.model import Cache, Transformer
 from refmodel.phases import PHASES, Phases
 
+try:  # the fast paths register themselves behind refmodel.ops; without them, the reference
+    from refmodel import backends
+except ModuleNotFoundError as e:
+    if e.name != "refmodel.backends":
+        raise
+    backends = None
+
 __all__ = [
     "PHASES", "Cache", "ModelConfig", "Phases", "Transformer", "attention", "costs", "counting",
-    "decode_step", "forward", "generate", "init", "init_cache", "prefill", "presets",
+    "backends", "decode_step", "forward", "generate", "init", "init_cache", "ops", "prefill",
+    "presets",
     "router_stats",
 ]

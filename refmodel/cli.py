@@ -110,13 +110,14 @@ def kernels_report() -> tuple[str, int]:
 
     if not kernels.available():
         return (f"native kernels: not available here: {kernels.why_not()}\n"
-                "the model's products stay XLA's (matmul='xla')"), 1
+                "the model runs on backend='xla'"), 1
     cxx = build.compiler()
     lines = [f"native kernels: {build.library_path(cxx)}",
              f"built by {build._version(cxx)} with {' '.join(build.FLAGS)}"]
     rng = np.random.default_rng(0)
     worst = 0.0
-    for m, k, n in ((1, 1024, 300), (2, 100, 37), (8, 4096, 64), (17, 7, 5)):  # x [M, K], w [K, N]
+    # x [M, n_in] times w [n_in, n_out]: (M, n_in, n_out)
+    for m, k, n in ((1, 1024, 300), (2, 100, 37), (8, 4096, 64), (17, 7, 5)):
         x = rng.standard_normal((m, k)).astype(np.float32)
         w = rng.standard_normal((k, n)).astype(np.float32)
         want = x.astype(np.float64) @ w.astype(np.float64)

@@ -18,6 +18,9 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from refmodel import registry
+from refmodel.ops import BACKENDS
+
 FFN_KINDS = ("dense", "moe", "none")
 MLP_ACTS = ("swiglu", "geglu", "gelu", "relu2")
 NORMS = ("rmsnorm", "layernorm")
@@ -26,7 +29,6 @@ ROUTER_SCORES = ("softmax", "sigmoid")
 DTYPES = ("float32", "bfloat16", "float16")
 WEIGHT_FORMATS = ("none", "int8", "float8", "int4")  # refmodel/quant.py
 KV_FORMATS = ("none", "int8", "float8")
-MATMULS = ("xla", "output-major", "native")  # refmodel/kernels
 
 
 @dataclass(frozen=True)
@@ -120,16 +122,11 @@ class ModelConfig:
     weight_format: str = "none"
     kv_format: str = "none"
     quant_activations: bool = False
-    # The weight products (refmodel/kernels): XLA's on the [K, N] weights as written, XLA's on
-    # weights stored output-major [N, K], or the native kernel built for this CPU on weights
-    # stored in its panels (float32 or int8 matrices, every x @ w; einsums stay XLA's). With
-    # "native", a GQA/MHA/MQA decode step also attends in the native kernel (kernels/attend.cc
-    # over the cache as one page per sequence) where its softmax is plain float32.
-    matmul: str = "xla"
+    # Who runs the model's ops (refmodel/ops.py): the reference code alone, its XLA layouts,
+    # those with output-major weights, or the native CPU kernels where they apply.
+    backend: str = "xla"
 
     def __post_init__(self):
-        from refmodel import attention  # late import: the variants import this module
-
         for f in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
                   "max_position"):
             positive(f, getattr(self, f))
@@ -159,16 +156,17 @@ class ModelConfig:
         one_of("dtype", self.dtype, DTYPES)
         one_of("weight_format", self.weight_format, WEIGHT_FORMATS)
         one_of("kv_format", self.kv_format, KV_FORMATS)
-        one_of("matmul", self.matmul, MATMULS)
-        native_int8 = (self.matmul == "native" and self.weight_format == "int8"
+        one_of("backend", self.backend, BACKENDS)
+        stored = self.backend in ("output-major", "native")  # weights stored their own way
+        native_int8 = (self.backend == "native" and self.weight_format == "int8"
                        and not self.quant_activations)
-        if self.matmul != "xla" and (self.dtype != "float32" or (
+        if stored and (self.dtype != "float32" or (
                 self.weight_format != "none" and not native_int8)):
             allowed = ("float32 weights, or weight_format='int8' without quant_activations"
-                       if self.matmul == "native" else "float32 weights")
-            raise ValueError(f"matmul={self.matmul!r} takes {allowed}; this config has "
+                       if self.backend == "native" else "float32 weights")
+            raise ValueError(f"backend={self.backend!r} takes {allowed}; this config has "
                              f"dtype={self.dtype!r}, weight_format={self.weight_format!r}, "
-                             f"quant_activations={self.quant_activations}: use matmul='xla', "
+                             f"quant_activations={self.quant_activations}: use backend='xla', "
                              "or dtype='float32' with weight_format='none'")
         if self.quant_activations and self.weight_format != "int8":
             raise ValueError(f"quant_activations=True needs weight_format='int8', not "
@@ -195,7 +193,7 @@ class ModelConfig:
                 f"rope_fraction={self.rope_fraction} x head_dim={self.resolved_head_dim} gives a "
                 f"rotary dim of {self.rotary_dim}; it must be even and at least 2"
             )
-        attention.validate(self)  # each variant in use checks the fields it reads
+        registry.validate(self)  # each variant in use checks the fields it reads
 
     def _check_numbers(self):
         """The float fields: a sign, a zero, a NaN or an infinity here gives NaN logits,
@@ -213,9 +211,7 @@ class ModelConfig:
                 finite_above(f, getattr(self, f), 0, allowed)
 
     def _check_patterns(self):
-        from refmodel import attention
-
-        allowed = tuple(attention.registered()) + ("none",)
+        allowed = tuple(registry.registered()) + ("none",)
         one_of("attention", self.attention, allowed[:-1])
         if self.layer_pattern is not None:
             if not isinstance(self.layer_pattern, tuple) or not self.layer_pattern:

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from refmodel import attention, quant
+from refmodel import attention, ops, quant
 from refmodel.config import ModelConfig
 from refmodel.layers import DenseFFN, norm, param, soft_cap
 from refmodel.moe import MoE
@@ -94,10 +94,7 @@ class Transformer(nnx.Module):
             self.lm_head = param(rngs, (D, V), D, dtype)  # [D, V]
         if cfg.weight_format != "none":  # drawn in float, then quantized (refmodel/quant.py)
             quant.quantize_weights(self, cfg.weight_format, cfg.quant_activations)
-        if cfg.matmul != "xla":  # drawn in float, then stored for its products (refmodel/kernels)
-            from refmodel import kernels
-
-            kernels.convert(self, native=cfg.matmul == "native")
+        ops.prepare(self)  # stored as the backend multiplies them (refmodel/ops.py)
 
     def sharding(self, mesh_shape: dict) -> dict[str, tuple]:
         """The LM head split by vocabulary over "tensor" (refmodel.parallel; every device then

@@ -23,9 +23,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from refmodel import ops
 from refmodel.config import ModelConfig
 from refmodel.counting import Cost, Dtypes, matmul
-from refmodel.kernels.rows import Panels
 from refmodel.layers import (
     GATED,
     SIGMOID_FLOPS,
@@ -212,6 +212,7 @@ class MoE(nnx.Module):
             out = back[to, slot] * weights.reshape(-1)[order][:, None]  # [n*A, D]
             return jnp.zeros_like(x).at[token].add(out)  # [n, D]
 
+    @ops.op("moe.grouped")
     def grouped_experts(self, xs: jax.Array, sizes: jax.Array,
                         pairs: int | None = None) -> jax.Array:
         """A grouped matmul: rows xs [B*T*A, D] sorted by expert, sizes [E] rows per expert.
@@ -219,18 +220,9 @@ class MoE(nnx.Module):
         Each expert runs on its own rows only, in tiles of `tile` rows (a loop whose trip
         count is ceil(sizes[e] / tile), zero for an expert no token chose, so its weights are
         never read). Work is the routed rows plus at most tile - 1 padding rows per expert.
-        `jax.lax.ragged_dot` expresses the same thing, but XLA:CPU ran it 5-30x slower than
-        this loop (tests/test_model.py checks both against the every-expert oracle).
-
-        A native model (experts in the kernel's panels) runs `grouped_native` instead: the
-        loop reads an expert once per tile, 1.4x the touched experts' bytes at a decode step's
-        few rows per expert, and pays a call per trip. The bench model's MoE decode FFN, 4
-        layers, cold, on a 2-core Xeon (KVM), three alternations of the two paths in separate
-        processes: batch 4 / 8 / 16 / 32 / 64 16.7-18.0 / 21.0-27.8 / 26.6-36.5 / 31.1-35.8 /
-        42.0-45.8 ms -> 11.7-13.3 / 15.1-18.5 / 18.2-19.3 / 20.3-21.9 / 26.3-31.8.
+        `jax.lax.ragged_dot` expresses the same thing, but XLA:CPU ran it several times slower
+        than this loop (tests/test_model.py checks both against the every-expert oracle).
         """
-        if isinstance(self.w_up[...], Panels):  # a native model: one kernel call per matrix
-            return self.grouped_native(xs, sizes)
         rows, experts = xs.shape[0], self.local_experts
         tile = expert_tile(pairs or rows, experts)  # pairs: the rows expected, if padded
         starts = jnp.cumsum(sizes) - sizes  # first row of each expert [E]
@@ -248,35 +240,6 @@ class MoE(nnx.Module):
 
             out = jax.lax.fori_loop(0, (sizes[e] + tile - 1) // tile, tile_step, out)
         return out[:rows]
-
-    def grouped_native(self, xs: jax.Array, sizes: jax.Array) -> jax.Array:
-        """`grouped_experts` with the experts stored in the native kernel's panels (a native
-        model, `refmodel.kernels`): each of w_gate, w_up and w_down is one grouped product
-        (`Panels.grouped`), every expert's rows in one call, so each expert with rows is read
-        once whatever its rows, as a real engine's grouped GEMM reads it (llama.cpp's
-        mul_mat_id, vLLM's fused MoE). Rows past sum(sizes) stay zero."""
-        cfg = self.cfg
-        if cfg.moe_bias:  # each row's expert (E past the last group: a zero bias)
-            expert = jnp.searchsorted(jnp.cumsum(sizes), jnp.arange(xs.shape[0]), side="right",
-                                      method="compare_all")
-
-            def bias(b: jax.Array) -> jax.Array:  # b [E, n] -> [R, n]
-                return jnp.take(b, expert, axis=0, mode="fill", fill_value=0)
-
-        with jax.named_scope("ffn_up"):
-            up = self.w_up[...].grouped(xs, sizes)  # [R, F]
-            if cfg.moe_bias:
-                up = up + bias(self.b_up[...])
-            if cfg.mlp_act in GATED:
-                gate = self.w_gate[...].grouped(xs, sizes)
-                if cfg.moe_bias:
-                    gate = gate + bias(self.b_gate[...])
-                h = activation(cfg.mlp_act, gate) * up
-            else:
-                h = activation(cfg.mlp_act, up)
-        with jax.named_scope("ffn_down"):
-            y = self.w_down[...].grouped(h, sizes)  # [R, D]
-            return y + bias(self.b_down[...]) if cfg.moe_bias else y
 
     # Costs ------------------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ _add(ModelConfig(name="small", vocab_size=4096, d_model=256, n_layers=4, n_heads
                  kv_lora_rank=64, qk_nope_dim=32, qk_rope_dim=16, v_head_dim=32,
                  sparse_top_k=32, indexer_heads=4, indexer_dim=32, linear_k_heads=4,
                  linear_v_heads=8, linear_key_dim=32, linear_value_dim=32, linear_chunk=16))
-# ~50M parameters, 200 MB in float32 (6x this machine's 32 MiB L3) in only 4 layers, so it
+# ~50M parameters, 200 MB in float32 (6x a 32 MiB last-level cache) in only 4 layers, so it
 # compiles in seconds: the model of the phase sweeps, whose decode streams from DRAM.
 _add(ModelConfig(name="bench", vocab_size=16384, d_model=768, n_layers=4, n_heads=12,
                  n_kv_heads=4, d_ff=2048, n_experts=8, top_k=2, d_ff_expert=1024,
@@ -42,8 +42,9 @@ _add(ModelConfig(name="medium", vocab_size=32000, d_model=1024, n_layers=20, n_h
                  sparse_top_k=256, indexer_heads=4, indexer_dim=64, linear_k_heads=8,
                  linear_v_heads=16, linear_key_dim=64, linear_value_dim=64, linear_chunk=64))
 
-# The shape of issue 18's race with llama.cpp: a Llama of ~309M parameters (1.23 GB in float32),
-# plain GQA + SwiGLU, the architecture every CPU engine runs, so the same weights load in both.
+# The shape of the decode race with llama.cpp (`python -m microbench decode`): a Llama of ~309M
+# parameters (1.23 GB in float32), plain GQA + SwiGLU, the architecture every CPU engine runs,
+# so the same weights load in both.
 _add(ModelConfig(name="llama-309m", vocab_size=32000, d_model=1024, n_layers=16, n_heads=16,
                  n_kv_heads=4, d_ff=4096))
 

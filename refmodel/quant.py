@@ -8,16 +8,16 @@ Formats (symmetric, round to nearest; what each stores is what `refmodel.countin
 A KV cache in int8 or float8 keeps one scale per cached vector (a head's key or value, a
 latent row): `QuantCache`.
 
-A quantized weight is a `Quantized` pytree stored output-major, q [..., N, K], so that the
-product with a few activation rows is one fused multiply-and-reduce over the contiguous K
-axis (`FEW_ROWS`). XLA:CPU has no fast mixed-precision GEMV: written as a dot of x with the
-dequantized weight, or as a dot with `preferred_element_type`, or as an int8 x int8 -> int32
-dot, the batch-1 product of a [4096, 4096] int8 weight took 36-43 ms against 4 ms for the
-float32 GEMV (2-core Zen 3, jax 0.10.2; `python -m microbench quant` measures them all). More
-rows than FEW_ROWS (prefill) dequantize once and run the float GEMM. With matmul="native"
-(`refmodel.kernels`, `kernels.use_native(quantize(model, weights="int8"))`) an int8 matrix is
-stored in the native kernel's panels instead, converted to float as it is loaded: every
-product, one row or many, in the kernel.
+A quantized weight is a `Quantized` pytree stored output-major, q [..., n_out, n_in], so
+that the product with a few activation rows is one fused multiply-and-reduce over the
+contiguous input axis (`FEW_ROWS`). XLA:CPU has no fast mixed-precision GEMV: written as a
+dot of x with the dequantized weight, or as a dot with `preferred_element_type`, or as an
+int8 x int8 -> int32 dot, the batch-1 product of an int8 weight ran several times slower
+than the float32 GEMV (`python -m microbench quant` measures them all). More rows than FEW_ROWS
+(prefill) dequantize once and run the float GEMM. With backend="native"
+(`backends.use(quantize(model, weights="int8"), "native")`) an int8 matrix is stored in the
+native kernel's panels instead, converted to float as it is loaded: every product, one row or
+many, in the kernel.
 
 `quantize(model, weights=..., kv=...)` is the one call: any model (random or trained) comes
 back with its matrices and its cache format as the config says; the modules declare which of
@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
+from refmodel import ops
 from refmodel.counting import QUANT_GROUP
 
 WEIGHT_FORMATS = ("int8", "float8", "int4")
@@ -40,8 +41,8 @@ KV_FORMATS = ("int8", "float8")
 STORAGE = {"int8": jnp.int8, "float8": jnp.float8_e4m3fn, "int4": jnp.int8}
 QMAX = {"int8": 127.0, "float8": 448.0, "int4": 7.0}
 # Rows at or below which a product runs as a fused multiply-and-reduce over the quantized
-# weight; above, the weight is dequantized once and the float GEMM runs. At [4096, 4096] int8
-# on the 2-core Zen 3: 32 rows 8.8 ms (float32 GEMM 25 ms), 64 rows 54 ms (float32 28 ms).
+# weight; above, the weight is dequantized once and the float GEMM runs (past ~32 rows the
+# reduce loses to the GEMM: `python -m microbench quant` times both).
 FEW_ROWS = 32
 
 
@@ -61,17 +62,19 @@ def _scale(amax: jax.Array, fmt: str) -> jax.Array:
 
 @struct.dataclass
 class Quantized:
-    """A weight of `shape` = lead + (K...) + (N...) stored as q [*lead, N, K'] and scales.
+    """A weight of `shape` = lead + inputs + outputs stored as q [*lead, n_out, n_pad] and
+    scales.
 
     `lead` leading axes index stacked matrices (a MoE's experts); the next `contract` axes
-    are the inputs (K, their product), the rest the outputs (N). int4 packs two values per
-    byte: q [*lead, N, K'/2] with K' = K rounded up to a whole group, value j of a row in the
-    low nibble of byte j and value j + K'/2 in the high one. `acts`: int8 only, the
+    are the inputs (n_in, their product), the rest the outputs (n_out). int4 packs two values
+    per byte: q [*lead, n_out, n_pad / 2] with n_pad = n_in rounded up to a whole group, value
+    j of a row in the low nibble of byte j and value j + n_pad / 2 in the high one. `acts`:
+    int8 only, the
     activations are quantized per row too and the product is an int8 x int8 -> int32 dot.
     """
 
     q: jax.Array
-    scale: jax.Array  # float32 [*lead, N] (int8, float8) or [*lead, N, K'/G] (int4)
+    scale: jax.Array  # float32 [*lead, n_out] (int8, float8) or [*lead, n_out, groups] (int4)
     fmt: str = struct.field(pytree_node=False)
     shape: tuple = struct.field(pytree_node=False)
     lead: int = struct.field(pytree_node=False, default=0)
@@ -103,31 +106,35 @@ class Quantized:
         return Quantized(self.q[index], self.scale[index], self.fmt, self.shape[1:],
                          self.lead - 1, self.contract, self.acts)
 
-    def __rmatmul__(self, x: jax.Array) -> jax.Array:  # x [..., K] @ w [K, N] -> [..., N]
-        if self.lead or self.contract != 1 or len(self.shape) != 2:
-            raise ValueError(f"x @ w takes a 2-D weight; this one is {self.shape}: use "
-                             "dequantize(w) in an einsum")
+    def __rmatmul__(self, x: jax.Array) -> jax.Array:  # x [..., n_in] @ w -> [..., n_out]
+        """The product with the matrix q holds, [prod(inputs), prod(outputs)] (a weight
+        declared over several axes takes x with its inputs flattened: `ops.contract`)."""
+        if self.lead:
+            raise ValueError(f"x @ w takes one matrix; this is a stack {self.shape}: index it")
         return matmul(x, self)
 
     def dequantize(self, dtype=jnp.float32) -> jax.Array:
         """The float weight, in its original `shape` and layout."""
-        w = unpack(self) * _expand_scale(self)  # [*lead, N, K']
+        w = unpack(self) * _expand_scale(self)  # [*lead, n_out, n_pad]
         w = w[..., :self.k].astype(dtype)
         lead = self.shape[:self.lead]
         w = w.reshape(*lead, self.n, self.k)
-        w = jnp.swapaxes(w, -1, -2)  # [*lead, K, N]
+        w = jnp.swapaxes(w, -1, -2)  # [*lead, n_pad, n_out]
         return w.reshape(self.shape)
 
 
+ops.weight_type(Quantized, ops.matrix_contract)  # x [..., *in] times the matrix it holds
+
+
 def _expand_scale(w: Quantized) -> jax.Array:
-    """Scales broadcast to q's unpacked [*lead, N, K']."""
+    """Scales broadcast to q's unpacked [*lead, n_out, n_pad]."""
     if QUANT_GROUP[w.fmt] is None:
         return w.scale[..., None]
     return jnp.repeat(w.scale, QUANT_GROUP[w.fmt], axis=-1)
 
 
 def unpack(w: Quantized) -> jax.Array:
-    """The stored values as float32 [*lead, N, K'] (int4: both nibbles, sign-extended)."""
+    """The stored values as float32 [*lead, n_out, n_pad] (int4: both nibbles, sign-extended)."""
     if w.fmt != "int4":
         return w.q.astype(jnp.float32)
     lo = jnp.left_shift(w.q, 4) >> 4  # arithmetic shifts sign-extend the nibble
@@ -137,64 +144,66 @@ def unpack(w: Quantized) -> jax.Array:
 
 def quantize_matrix(w: jax.Array, fmt: str, lead: int = 0, contract: int = 1,
                     acts: bool = False) -> Quantized:
-    """A float weight of shape lead + K axes + N axes -> `Quantized` in `fmt`."""
+    """A float weight of shape lead + input axes + output axes -> `Quantized` in `fmt`."""
     if fmt not in WEIGHT_FORMATS:
         raise ValueError(f"weight format {fmt!r} is not one of {list(WEIGHT_FORMATS)}")
     if acts and fmt != "int8":
         raise ValueError(f"quantized activations need int8 weights, not {fmt!r}")
     shape = tuple(w.shape)
     lead_shape = shape[:lead]
-    K, N = math.prod(shape[lead:lead + contract]), math.prod(shape[lead + contract:])
-    wt = jnp.swapaxes(w.astype(jnp.float32).reshape(*lead_shape, K, N), -1, -2)  # [*lead, N, K]
+    n_in, n_out = math.prod(shape[lead:lead + contract]), math.prod(shape[lead + contract:])
+    wt = jnp.swapaxes(w.astype(jnp.float32).reshape(*lead_shape, n_in, n_out), -1, -2)
     group = QUANT_GROUP[fmt]
     if group is None:
-        scale = _scale(jnp.max(jnp.abs(wt), axis=-1), fmt)  # [*lead, N]
+        scale = _scale(jnp.max(jnp.abs(wt), axis=-1), fmt)  # [*lead, n_out]
         q = _round(wt / scale[..., None], fmt)
     else:
-        Kp = -(-K // group) * group
-        wt = jnp.pad(wt, [(0, 0)] * (wt.ndim - 1) + [(0, Kp - K)])
-        groups = wt.reshape(*wt.shape[:-1], Kp // group, group)
-        scale = _scale(jnp.max(jnp.abs(groups), axis=-1), fmt)  # [*lead, N, Kp / G]
-        v = _round(groups / scale[..., None], fmt).reshape(wt.shape)  # [*lead, N, Kp]
-        half = Kp // 2
+        n_pad = -(-n_in // group) * group
+        wt = jnp.pad(wt, [(0, 0)] * (wt.ndim - 1) + [(0, n_pad - n_in)])
+        groups = wt.reshape(*wt.shape[:-1], n_pad // group, group)
+        scale = _scale(jnp.max(jnp.abs(groups), axis=-1), fmt)  # [*lead, n_out, groups]
+        v = _round(groups / scale[..., None], fmt).reshape(wt.shape)  # [*lead, n_out, n_pad]
+        half = n_pad // 2
         q = (v[..., :half] & 0xF) | jnp.left_shift(v[..., half:], 4)  # two per byte
     return Quantized(q, scale, fmt, shape, lead, contract, acts)
 
 
 def matmul(x: jax.Array, w: Quantized) -> jax.Array:
-    """x [..., K] times the 2-D quantized w [K, N] -> [..., N] in x's dtype.
+    """x [..., n_in] times the quantized w (n_in inputs, n_out outputs) -> [..., n_out] in
+    x's dtype.
 
-    Up to FEW_ROWS rows: the fused multiply-and-reduce over each output channel's K stored
+    Up to FEW_ROWS rows: the fused multiply-and-reduce over each output channel's stored
     values, scaled once per channel (int4: per group, inside the reduce). More: dequantize,
     then the float GEMM. int8 with `acts`: x quantized per row, an int32-accumulating dot.
     """
-    lead, K = x.shape[:-1], x.shape[-1]
-    rows = x.reshape(-1, K)
+    lead, n_in = x.shape[:-1], x.shape[-1]
+    rows = x.reshape(-1, n_in)
     if w.acts:
         sx = _scale(jnp.max(jnp.abs(rows), axis=-1), "int8")  # [M]
         xq = _round(rows / sx[:, None], "int8")
         acc = jax.lax.dot_general(xq, w.q, (((1,), (1,)), ((), ())),
-                                  preferred_element_type=jnp.int32)  # [M, N]
+                                  preferred_element_type=jnp.int32)  # [M, n_out]
         y = acc.astype(jnp.float32) * sx[:, None] * w.scale
     elif rows.shape[0] <= FEW_ROWS:
         xf = rows.astype(jnp.float32)
         if QUANT_GROUP[w.fmt] is not None:
-            xf = jnp.pad(xf, ((0, 0), (0, w.q.shape[-1] * 2 - K)))  # to whole groups
-        if rows.shape[0] == 1:  # 2-D: written [1, N, K], XLA:CPU took 18x longer (90 ms)
-            y = _reduce(w, xf[0][None, :])[None]  # [1, N]
+            xf = jnp.pad(xf, ((0, 0), (0, w.q.shape[-1] * 2 - n_in)))  # to whole groups
+        if rows.shape[0] == 1:  # 2-D: as one 3-D product XLA:CPU ran far slower
+            y = _reduce(w, xf[0][None, :])[None]  # [1, n_out]
         else:
-            y = jax.vmap(lambda r: _reduce(w, r[None, :]))(xf)  # [M, N]
+            y = jax.vmap(lambda r: _reduce(w, r[None, :]))(xf)  # [M, n_out]
     else:
-        y = rows @ w.dequantize(x.dtype)
+        y = rows @ w.dequantize(x.dtype).reshape(w.k, w.n)
     return y.astype(x.dtype).reshape(*lead, w.n)
 
 
 def _reduce(w: Quantized, x: jax.Array) -> jax.Array:
-    """One row x [1, K'] against every output channel of q [N, K']: a fused multiply and sum
-    over the contiguous K' axis, scaled per channel (int4: per group, before the sum)."""
+    """One row x [1, n_pad] against every output channel of q [n_out, n_pad]: a fused multiply
+    and sum over the contiguous input axis, scaled per channel (int4: per group, before the
+    sum)."""
     if QUANT_GROUP[w.fmt] is None:
-        return (w.q.astype(jnp.float32) * x).sum(-1) * w.scale  # [N]
-    return (unpack(w) * _expand_scale(w) * x).sum(-1)  # [N]
+        return (w.q.astype(jnp.float32) * x).sum(-1) * w.scale  # [n_out]
+    return (unpack(w) * _expand_scale(w) * x).sum(-1)  # [n_out]
 
 
 def dense(w) -> jax.Array:
@@ -224,20 +233,18 @@ def quantize(model: nnx.Module, weights: str | None = None, kv: str | None = Non
              activations: bool = False) -> nnx.Module:
     """A copy of `model` (random or trained, float) with its matrices in `weights` format and
     its caches in `kv` format (None: as they are), its config saying so."""
-    from refmodel.model import Transformer  # late: model imports this module
-
     cfg = model.cfg
     if cfg.weight_format != "none" and weights is not None:
         raise ValueError(f"the model's weights are already {cfg.weight_format}; quantize the "
                          "float model")
-    if cfg.matmul != "xla" and weights is not None:
-        raise ValueError(f"the model's weights are stored for matmul={cfg.matmul!r}; quantize "
-                         "the matmul='xla' model, then kernels.use_native(quantized)")
+    if cfg.backend in ("output-major", "native") and weights is not None:
+        raise ValueError(f"the model's weights are stored for backend={cfg.backend!r}; quantize "
+                         "the backend='xla' model, then backends.use(quantized, 'native')")
     new_cfg = dataclasses.replace(cfg, weight_format=weights or cfg.weight_format,
                                   kv_format=kv or cfg.kv_format,
                                   quant_activations=activations or cfg.quant_activations)
     float_cfg = dataclasses.replace(new_cfg, weight_format="none", quant_activations=False)
-    new = nnx.eval_shape(lambda: Transformer(float_cfg, rngs=nnx.Rngs(0)))
+    new = nnx.eval_shape(lambda: type(model)(float_cfg, rngs=nnx.Rngs(0)))
     nnx.update(new, nnx.state(model))
     for _, module in nnx.iter_modules(new):
         if hasattr(module, "cfg"):

@@ -132,16 +132,16 @@ def accept(logits: jax.Array, draft: jax.Array, q: jax.Array | None, temperature
 
 def lookup(hist: jax.Array, length: jax.Array, k: int, max_ngram: int) -> jax.Array:
     """Prompt-lookup proposals [B, k] from each row's tokens hist[b, :length[b]] (hist
-    [B, L]): after the most recent earlier occurrence of its last n-gram, longest n first."""
-    B, L = hist.shape
+    [B, S]): after the most recent earlier occurrence of its last n-gram, longest n first."""
+    B, S = hist.shape
     rows = jnp.arange(B)[:, None]
     follow = jnp.full((B,), -1, jnp.int32)  # where the proposals start, -1: not found
     for n in range(max_ngram, 0, -1):
         suffix = hist[rows, jnp.maximum(length[:, None] - n + jnp.arange(n), 0)]  # [B, n]
-        starts = jnp.arange(L - n + 1)  # candidate match positions i
-        match = jnp.ones((B, L - n + 1), bool)
+        starts = jnp.arange(S - n + 1)  # candidate match positions i
+        match = jnp.ones((B, S - n + 1), bool)
         for t in range(n):
-            match &= hist[:, t:L - n + 1 + t] == suffix[:, t:t + 1]
+            match &= hist[:, t:S - n + 1 + t] == suffix[:, t:t + 1]
         match &= (starts + n < length[:, None]) & (length[:, None] >= n)  # an earlier match
         last = jnp.max(jnp.where(match, starts, -1), axis=1)  # [B]
         follow = jnp.where((follow < 0) & (last >= 0), last + n, follow)
@@ -248,12 +248,12 @@ def generate(target: Transformer, prompt, max_new_tokens: int, drafter=None,
     temperature = _temperature(temperature)
     greedy = temperature < GREEDY_BELOW
     B, T = prompt.shape
-    L = T + max_new_tokens + k + 1  # the last round may write k + 1 tokens past the end
+    S = T + max_new_tokens + k + 1  # the last round may write k + 1 tokens past the end
     tgraph, tstate = nnx.split(target)
     dgraph = dstate = dcache = None
     key = jax.random.key(seed)
     prefill = phases.jitted("prefill", tgraph)  # the very function refmodel.generate runs
-    logits, tcache = prefill(tstate, prompt, init_cache(target.cfg, B, L))
+    logits, tcache = prefill(tstate, prompt, init_cache(target.cfg, B, S))
     if greedy:
         first = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
     else:
@@ -262,8 +262,8 @@ def generate(target: Transformer, prompt, max_new_tokens: int, drafter=None,
     if isinstance(drafter, Draft) and k:
         dgraph, dstate = nnx.split(drafter.model)
         _, dcache = phases.jitted("prefill", dgraph)(dstate, prompt,
-                                                     init_cache(drafter.model.cfg, B, L))
-    hist = jnp.zeros((B, L), jnp.int32).at[:, :T].set(prompt).at[:, T].set(first)
+                                                     init_cache(drafter.model.cfg, B, S))
+    hist = jnp.zeros((B, S), jnp.int32).at[:, :T].set(prompt).at[:, T].set(first)
     length = jnp.full((B,), T + 1, jnp.int32)
     step = _round_fn(tgraph, target.cfg, dgraph, None if dgraph is None else drafter.model.cfg,
                      k, drafter.max_ngram if isinstance(drafter, PromptLookup) else None,

@@ -19,14 +19,12 @@ import refmodel
 
 # The suite is bound by XLA's compiles, not by running what they compile: skip LLVM's
 # expensive passes (the compiler cross-check's FAST_COMPILE: the same HLO and results, about
-# half the compile time: the tests took 457 s, not 816 s, on 2 shared cores), and emit XLA:CPU's
-# fusions with its older elemental emitters, where this jaxlib has the flag (the same results;
-# a scatter becomes a loop of its own; half the backend compile again: the golden every-kind
-# and MoE stacks 22.7 -> 10.6 s, the first test command 12 min 53 s -> 9 min 9 s, 2026-12-03).
-# XLA aborts on a flag it does not know, so that one is asked of a throwaway process first.
-# Read when the backend starts, so before any test computes; processes the tests spawn (the
-# CLI tests, the notebooks run beside them) inherit it. The notebooks that time this machine
-# run in the README's second command, without them.
+# half the compile time), and emit XLA:CPU's fusions with its older elemental emitters, where
+# this jaxlib has the flag (the same results; a scatter becomes a loop of its own; about half
+# the backend compile again). XLA aborts on a flag it does not know, so that one is asked of a
+# throwaway process first. Read when the backend starts, so before any test computes;
+# processes the tests spawn (the CLI tests, the notebooks run beside them) inherit it. The
+# notebooks that time this machine run in the README's second command, without them.
 FAST_COMPILE = ["--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true"]
 OLD_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
 
@@ -43,10 +41,9 @@ _flags = os.environ.get("XLA_FLAGS", "")  # an xdist worker inherits the control
 os.environ["XLA_FLAGS"] = " ".join([_flags, *(f for f in FAST_COMPILE if f not in _flags)]).strip()
 # One on-disk compilation cache for the whole run (the xdist workers, the notebooks and the CLI
 # children they start, which read it from the environment): a program one process compiled is
-# loaded by the next (136 and 166 of the two workers' 1,776 and 1,513 compiles, 2026-12-03; the
-# first test command 9 min 9 s -> 8 min 22 s, within this VM's noise). Keyed by JAX on the
-# program, the flags and the versions, so it changes no result; removed by the process that
-# made it, at exit. A cache the caller set is used as it is.
+# loaded by the next. Keyed by JAX on the program, the flags and the versions, so it changes
+# no result; removed by the process that made it, at exit. A cache the caller set is used as
+# it is.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     CACHE = tempfile.mkdtemp(prefix="lab-tests-xla-")
     atexit.register(shutil.rmtree, CACHE, True)

@@ -281,13 +281,13 @@ def test_native_mamba2_model_decodes_as_the_xla_model():
     rule = "mamba2"
     from conftest import assert_logits_close, incremental_logits, tokens
 
-    from refmodel import kernels
+    from refmodel import backends, kernels
 
     if not kernels.available():
         pytest.skip(f"native kernels not built: {kernels.why_not()}")
     cfg = layer_cfg(rule, n_layers=2)
     xla = refmodel.init(cfg, seed=0)
-    native = kernels.use_native(xla)
+    native = backends.use(xla, "native")
     toks = tokens(cfg, 2, 9, seed=3)
     got = incremental_logits(native, toks, [4])
     assert_logits_close(got, incremental_logits(xla, toks, [4]))

@@ -1,7 +1,7 @@
-"""Issue 12's probes of the model API and the config: every bad input is a named error.
+"""Probes of the model API and the config: every bad input is a named error.
 
-Each test reproduces one probe (on the tiny preset) that used to give NaN, a wrong answer or
-a traceback deep in JAX, and asserts the error now names the argument or the field, the
+Each test feeds one bad input (on the tiny preset) that would otherwise give NaN, a wrong
+answer or a traceback deep in JAX, and asserts the error names the argument or the field, the
 value and what is allowed. The property test draws random configs: each either fails
 validation naming a field, or builds a model whose forward on valid tokens is finite.
 """
@@ -182,8 +182,8 @@ CHANGES = st.fixed_dictionaries({}, optional={
 })
 
 
-# Each config that validates compiles its own forward (~1 s here); 8 examples keep the test
-# near 12 s, and hypothesis keeps the failing ones in its database for the next run.
+# Each config that validates compiles its own forward, so 8 examples keep the test short;
+# hypothesis keeps the failing ones in its database for the next run.
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(changes=CHANGES, seed=st.integers(0, 2**16))
 def test_random_config_is_refused_by_name_or_runs_finite(changes, seed):

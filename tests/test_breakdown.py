@@ -9,17 +9,17 @@ import json
 import pytest
 
 import refmodel
-from microbench import breakdown as bd
 from microbench import cli
+from microbench.phases import breakdown as bd
+from microbench.phases.points import Budget
 from microbench.plots import breakdown as breakdown_plot
-from microbench.points import Budget
 from refmodel import costs, kernels
-from refmodel.attention.common import KERNEL_SCOPE
+from refmodel.backends import KERNEL_SCOPE
 
 FAST = Budget(budget_s=0.05, min_samples=2, min_sample_s=1e-4)
 # Counted ops XLA may fuse into a neighbour's kernel on the tiny model: the embedding gather
 # goes into the first norm's square at batch 1 (the kernel is named after the norm); at
-# batch 2 it keeps its own kernel. The decode scores product (attention.common.attend_one)
+# batch 2 it keeps its own kernel. The decode scores product (backends.xla.attend_one)
 # can be fused with the masking select into a kernel named after a neighbour, and the prefill
 # cache write (a dynamic-update-slice) into the kernel that produces K and V. Every other
 # counted op must be found.
@@ -86,9 +86,9 @@ def test_times_positive_and_parts_sum_to_the_whole(result):
 
 @pytest.mark.skipif(not kernels.available(), reason="native kernels not built")
 def test_native_products_are_found_under_their_ops(tmp_path):
-    """`breakdown --matmul native`: at batch 2 every weight product is the kernel's custom
+    """`breakdown --backend native`: at batch 2 every weight product is the kernel's custom
     call, and each is attributed to the op that counts it (not left unattributed)."""
-    cfg = refmodel.presets.get("tiny").replace(matmul="native")
+    cfg = refmodel.presets.get("tiny").replace(backend="native")
     res = bd.measure_breakdown(refmodel.Phases(refmodel.init(cfg, seed=0)), "decode", 2, 8,
                                calls=2, timing=FAST, out=tmp_path)
     rows = {r["op"]: r for r in res["rows"]}

@@ -16,7 +16,7 @@ A scatter, a per-row loop, a scalar start, an optimization barrier (XLA:CPU remo
 copy insertion), a reshape, dot_general or a vmap in place of the einsum, or batch merged with
 the KV heads, all kept copies.
 
-The fix (`refmodel.attention.common.attend_one_summed`): at batch 1, a decode step over its own
+The fix (`refmodel.backends.xla.attend_summed`): at batch 1, a decode step over its own
 just-written cache computes both products as a broadcast multiply and a sum, a reduce fusion
 that reads the written cache directly: no copy, and llama-309m's step at context 2048 went from
 98-146 ms to 61 ms (best of 10, on a machine shared with other runs). Batch 2 and up keep the
@@ -33,7 +33,7 @@ import pytest
 from conftest import assert_golden, tiny
 
 import refmodel
-from refmodel import compiler_check, kernels
+from refmodel import backends, compiler_check, kernels
 
 
 def whole_cache_copies(cfg, batch: int, context: int) -> int:
@@ -83,10 +83,10 @@ def test_the_trigger_alone():
 @pytest.mark.skipif(not kernels.available(), reason="native kernels not built")
 @pytest.mark.parametrize("kind", ["gqa", "mha"])
 def test_a_native_model_attends_over_its_cache_in_place(kind):
-    """matmul="native": the decode step's attention is the paged kernel over the cache as one
+    """backend="native": the decode step's attention is the paged kernel over the cache as one
     page per sequence, which reads the written cache where it lies: no copy at batch 1 either,
     MHA included (XLA's path copies MHA's cache there)."""
-    model = kernels.use_native(refmodel.init(tiny(attention=kind), seed=0))
+    model = backends.use(refmodel.init(tiny(attention=kind), seed=0), "native")
     for batch in (1, 3):
         copies, arrays = compiler_check.cache_copies(refmodel.Phases(model), batch, 16)
         assert arrays and copies == 0

@@ -1,4 +1,4 @@
-"""Issue 12's probes of the command line: every bad input is one line naming the path or the
+"""Probes of the command line: every bad input is one line naming the path or the
 option, given before anything is measured, and never a traceback.
 
 Measuring is replaced by a function that fails the test, so "refused before measuring" is
@@ -31,7 +31,8 @@ def one_line_error(argv, capsys) -> str:
 @pytest.fixture
 def no_measuring(monkeypatch):
     """Any measurement fails the test: errors must come before it."""
-    from microbench import breakdown, peaks, suite
+    from microbench.phases import breakdown, suite
+    from microbench.roofs import peaks
 
     def measured(*args, **kwargs):
         raise AssertionError("measured before the bad input was refused")
@@ -101,10 +102,10 @@ def test_breakdown_refuses_a_batch_too_big_for_memory(tmp_path, no_measuring, ca
     assert "--batch 1000000000000" in err and "needs about" in err
 
 
-def test_breakdown_refuses_an_unknown_matmul(tmp_path, no_measuring, capsys):
-    err = one_line_error(["breakdown", "--model", "tiny", "--matmul", "gpu",
+def test_breakdown_refuses_an_unknown_backend(tmp_path, no_measuring, capsys):
+    err = one_line_error(["breakdown", "--model", "tiny", "--backend", "gpu",
                           "--out", str(tmp_path)], capsys)
-    assert "--matmul 'gpu'" in err and "'native'" in err and "'output-major'" in err
+    assert "--backend 'gpu'" in err and "'native'" in err and "'output-major'" in err
 
 
 # Device files: size, depth, fields, shadowing, names on the terminal ------------------------
@@ -208,19 +209,19 @@ def test_breakdown_native_without_the_kernels_says_why(tmp_path, no_measuring, c
 
     monkeypatch.setattr(kernels, "load", lambda: False)  # what kernels.available() asks
     monkeypatch.setattr(kernels, "why_not", lambda: "no C++ compiler on PATH")
-    err = one_line_error(["breakdown", "--model", "tiny", "--matmul", "native",
+    err = one_line_error(["breakdown", "--model", "tiny", "--backend", "native",
                           "--out", str(tmp_path)], capsys)
-    assert "--matmul native" in err and "no C++ compiler on PATH" in err
+    assert "--backend native" in err and "no C++ compiler on PATH" in err
 
 
 @pytest.mark.parametrize("command", ["run", "phases"])
-def test_the_main_job_refuses_a_matmul_it_cannot_run(command, tmp_path, no_measuring, capsys,
+def test_the_main_job_refuses_a_backend_it_cannot_run(command, tmp_path, no_measuring, capsys,
                                                      monkeypatch):
     from refmodel import kernels
 
-    err = one_line_error([command, "--matmul", "gpu", "--out", str(tmp_path)], capsys)
-    assert "--matmul 'gpu'" in err and "'auto'" in err and "'native'" in err
+    err = one_line_error([command, "--backend", "gpu", "--out", str(tmp_path)], capsys)
+    assert "--backend 'gpu'" in err and "'auto'" in err and "'native'" in err
     monkeypatch.setattr(kernels, "load", lambda: False)  # what kernels.available() asks
     monkeypatch.setattr(kernels, "why_not", lambda: "no C++ compiler on PATH")
-    err = one_line_error([command, "--matmul", "native", "--out", str(tmp_path)], capsys)
-    assert "--matmul 'native'" in err and "no C++ compiler on PATH" in err
+    err = one_line_error([command, "--backend", "native", "--out", str(tmp_path)], capsys)
+    assert "--backend 'native'" in err and "no C++ compiler on PATH" in err

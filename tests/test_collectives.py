@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from microbench import cli
-from microbench import collectives as coll
 from microbench.commands.figures import saved_figures
 from microbench.plots.collectives import collectives_figure, collectives_summary
+from microbench.studies import collectives as coll
 
 REPO = Path(__file__).resolve().parents[1]
 

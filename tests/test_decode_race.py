@@ -1,4 +1,4 @@
-"""The decode race (microbench.decode): ratios are taken inside each round, the roof is the
+"""The decode race (microbench.studies.decode): ratios are taken inside each round, the roof is the
 slower of the counted bytes and FLOPs, the summary and figure say what the data say, and bad
 options are named. Synthetic rounds: the measurement itself is `python -m microbench decode`."""
 
@@ -9,8 +9,8 @@ import copy
 import pytest
 
 from microbench import cli
-from microbench.decode import TARGETS, Setup, summarize
 from microbench.plots.decode import decode_summary, draw_decode, title
+from microbench.studies.decode import TARGETS, Setup, summarize
 
 GB = 1e9
 

@@ -1,5 +1,5 @@
-"""The llama.cpp peer (microbench.llamacpp): the GGUF file holds refmodel's weights, read back
-with gguf's own reader and the RoPE reordering undone; configs the "llama" graph cannot run are
+"""The llama.cpp peer (microbench.studies.llamacpp): the GGUF file holds refmodel's weights, read
+back with gguf's own reader and the RoPE reordering undone; configs the "llama" graph cannot run are
 refused by name; and llama.cpp, given the file, picks the same greedy tokens as refmodel."""
 
 import numpy as np
@@ -7,7 +7,7 @@ import pytest
 from conftest import tiny
 
 import refmodel
-from microbench import llamacpp
+from microbench.studies import llamacpp
 
 gguf = pytest.importorskip("gguf")
 
@@ -48,8 +48,9 @@ def test_gguf_holds_the_weights_and_metadata(written):
             got = llamacpp.unpermute_rope(got, heads)
         np.testing.assert_array_equal(got, want, err_msg=name)
 
-    def arr(p):
-        return np.asarray(p[...], np.float32)
+    def arr(p, inputs=1):  # a weight [*in, *out] as its matrix [prod(in), prod(out)]
+        a = np.asarray(p[...], np.float32)
+        return a.reshape(int(np.prod(a.shape[:inputs])), -1) if a.ndim > 2 else a
 
     check("token_embd.weight", arr(model.embed.embedding))  # [V, D]
     check("output.weight", arr(model.lm_head).T)  # [V, D]
@@ -59,7 +60,7 @@ def test_gguf_holds_the_weights_and_metadata(written):
         check(f"blk.{i}.attn_q.weight", arr(b.attn.wq).T, heads=N)  # [N*H, D]
         check(f"blk.{i}.attn_k.weight", arr(b.attn.wk).T, heads=K)  # [K*H, D]
         check(f"blk.{i}.attn_v.weight", arr(b.attn.wv).T)
-        check(f"blk.{i}.attn_output.weight", arr(b.attn.wo).T)  # [D, N*H]
+        check(f"blk.{i}.attn_output.weight", arr(b.attn.wo, 2).T)  # [D, N*H]
         check(f"blk.{i}.ffn_norm.weight", arr(b.ffn_norm.scale))
         check(f"blk.{i}.ffn_gate.weight", arr(b.ffn.w_gate).T)  # [F, D]
         check(f"blk.{i}.ffn_up.weight", arr(b.ffn.w_up).T)

@@ -1,6 +1,6 @@
 """Guard rails: values above their ceiling are flagged with a reason and never become roofs."""
 
-from microbench import guard, peaks, synthetic
+from microbench.roofs import guard, peaks, synthetic
 
 
 def test_over_peak_gemm_is_flagged_and_not_a_roof():

@@ -1,12 +1,12 @@
-"""The memory hierarchy check (microbench.hierarchy.check_monotone) and the native program it
-runs on (microbench.native, skipped without gcc): a larger level reading faster than a smaller
+"""The memory hierarchy check (microbench.roofs.hierarchy.check_monotone) and the native program it
+runs on (microbench.roofs.native, skipped without gcc): a larger level reading faster than a smaller
 one beyond both spreads is flagged with a reason; ties within the spreads pass; the C program
 returns one positive time per repetition and the documented ladder of working sets."""
 
 import pytest
 
-from microbench import hierarchy, native
-from microbench.probe import Probe
+from microbench.roofs import hierarchy, native
+from microbench.roofs.probe import Probe
 
 
 def plateau(name, value, rel=0.05):

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from microbench import bandwidth, compute, harness, intensity
+from microbench import harness
+from microbench.roofs import bandwidth, compute, intensity
 
 ELEMENTWISE = {"mul", "add", "sub"}
 

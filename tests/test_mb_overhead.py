@@ -1,4 +1,4 @@
-"""The per-call floor (microbench.overhead): kernels counted from optimised HLO text (work
+"""The per-call floor (microbench.roofs.overhead): kernels counted from optimised HLO text (work
 launches count; parameters, constants, tuples and bitcasts do not; a while loop counts itself
 and its body once), checked on hand-written text and on real compiled functions, including the
 chain the per-kernel slope is measured on; and the floor's arithmetic."""
@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from microbench import overhead
+from microbench.roofs import overhead
 
 HLO = """\
 HloModule jit_step, is_scheduled=true, entry_computation_layout={(f32[8,8]{1,0})->f32[8,8]{1,0}}

@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from microbench import hardware, peaks, peers, roofline, synthetic
+from microbench import hardware, roofline
+from microbench.roofs import peaks, peers, synthetic
 
 
 @pytest.mark.parametrize("quick", [True, False])

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from microbench import bandwidth, plateaus
+from microbench.roofs import bandwidth, plateaus
 
 CACHES = [("L1", 64 << 10), ("L2", 2 << 20), ("L3", 32 << 20)]
 SIZES = bandwidth.sweep_sizes(4 << 10, 512 << 20, 1.25)

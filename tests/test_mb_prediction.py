@@ -1,4 +1,4 @@
-"""Phase predictions (microbench.points) and the roofs they use (microbench.peaks), on
+"""Phase predictions (microbench.phases.points) and the roofs they use (microbench.roofs.peaks), on
 synthetic peaks results: the working-set curve ends at main memory's read roof; a predicted
 time is continuous in the working set (no cliff at the last-level cache), includes the per-call
 floor, is "overhead"-bound when the floor dominates, scales only main memory by the drift
@@ -14,7 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from microbench import hardware, native, peaks, points, rounds, synthetic
+from microbench import hardware
+from microbench.phases import points
+from microbench.roofs import native, peaks, rounds, synthetic
 
 LLC = 32 << 20
 CAPS = [["L1", 96 << 10], ["L2", 2 << 20], ["L3", LLC]]
@@ -227,7 +229,7 @@ def test_predictions_use_the_probe_programs_read_level_when_another_program_is_t
     """XLA's read reached the roof (4e10) but the probes run the C read (median 3.2e10 in the
     rounds): predictions scale the C read's own level, the roof drawn in peaks is unchanged,
     and the summary says which level the points were predicted at."""
-    from microbench import summary
+    from microbench.plots import summary
 
     res = peaks_result()
     roof = next(r for r in res["roofs"]["memory"] if r["level"] == "DRAM read")
@@ -525,7 +527,7 @@ def test_a_cold_point_is_predicted_at_main_memory_whatever_its_working_set(with_
 
 
 def test_a_cold_point_pays_the_cold_floor():
-    """A cold point's floor is the cold dispatch and per-kernel cost (microbench.overhead),
+    """A cold point's floor is the cold dispatch and per-kernel cost (microbench.roofs.overhead),
     a warm point's the warm one: the same kernels, the floor each way of timing meets."""
     oh = {"dispatch_s": 5e-6, "per_kernel_s": 1e-6, "cold_dispatch_s": 8e-5,
           "cold_per_kernel_s": 4e-6}
@@ -541,7 +543,7 @@ def test_a_cold_point_pays_the_cold_floor():
 def test_a_reason_names_the_op_that_loses_the_most_time_not_the_slowest(monkeypatch):
     """The largest op can run at its roof while the gap sits in another: the breakdown keeps
     the op whose time exceeds its own roofline time (at the point's roofs) the most."""
-    from microbench import breakdown
+    from microbench.phases import breakdown
     from microbench.plots import claims
 
     def row(op, t, flops, nbytes):

@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from microbench import harness, synthetic
+from microbench import harness
+from microbench.roofs import synthetic
 from microbench.schema import validate_result
 
 

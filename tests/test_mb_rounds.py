@@ -1,4 +1,4 @@
-"""The main roofs from interleaved rounds (microbench.rounds), on synthetic rounds shaped like
+"""The main roofs from interleaved rounds (microbench.roofs.rounds), on synthetic rounds shaped like
 `measure_round`'s: the roof is the best program's median over rounds, a memory program of ours
 more than 10% above the best peer of its own round (median over rounds) is flagged and never
 the roof (a GEMM of ours above numpy is fine), a roof whose rounds disagree by more than 10% is
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from microbench import rounds
+from microbench.roofs import rounds
 
 
 def prog(metric, program, ours, value, amount=1e9):

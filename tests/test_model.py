@@ -94,8 +94,8 @@ def test_documented_shapes_under_eval_shape():
     D, N, K, H, F, E, V = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.resolved_head_dim,
                            cfg.expert_width, cfg.n_experts, cfg.vocab_size)
     attn, moe = model.blocks[0].attn, model.blocks[0].ffn
-    assert attn.wq.shape == (D, N * H) and attn.wk.shape == (D, K * H)
-    assert attn.wo.shape == (N * H, D)
+    assert attn.wq.shape == (D, N, H) and attn.wk.shape == attn.wv.shape == (D, K, H)
+    assert attn.wo.shape == (N, H, D)
     assert moe.w_up.shape == (E, D, F) and moe.w_down.shape == (E, F, D)
     assert model.lm_head.shape == (D, V)
     B, T, S = 3, 5, 11

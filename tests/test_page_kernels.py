@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import refmodel
-from refmodel import kernels
+from refmodel import backends, kernels
 from refmodel.kernels import build
 from refmodel.kernels.pages import (
     PagedKV,
@@ -125,7 +125,7 @@ def check_attention(q, k, v, tables, lens, scale):
     got = np.asarray(jax.jit(paged_attention, static_argnums=5)(q, k, v, tables, lens, scale))
     B = q.shape[0]
     for b in range(B):
-        kk = numpy_gather(k, tables[b:b + 1], 2)[0, :, :lens[b]]  # [K, L, H]
+        kk = numpy_gather(k, tables[b:b + 1], 2)[0, :, :lens[b]]  # [K, S, H]
         vv = numpy_gather(v, tables[b:b + 1], 2)[0, :, :lens[b]]
         s = scale * np.einsum("kgh,klh->kgl", q[b].astype(np.float64), kk)
         p = np.exp(s - s.max(-1, keepdims=True))
@@ -199,7 +199,7 @@ def test_a_layer_decoding_over_pages_equals_its_contiguous_decode(kind):
     cfg = tiny(attention=kind)
     model = refmodel.init(cfg, seed=0)
     attn = model.blocks[0].attn
-    assert attn.reads_pages()
+    assert backends.reads_pages(attn)
     B, S, ps = 2, 9, 4  # 9 cached tokens, the step's at position 9: 3 pages per row
     rng = np.random.default_rng(0)
     cache = attn.init_cache(cfg, kind, B, 3 * ps)
@@ -221,8 +221,8 @@ def test_a_layer_decoding_over_pages_equals_its_contiguous_decode(kind):
 
 
 def test_only_plain_float32_softmax_layers_read_pages():
-    assert refmodel.init(tiny(attention="gqa"), seed=0).blocks[0].attn.reads_pages()
+    assert backends.reads_pages(refmodel.init(tiny(attention="gqa"), seed=0).blocks[0].attn)
     for cfg in (tiny(attention="sliding"), tiny(attention="mla"),
                 tiny(attention="gqa", attn_softcap=30.0), tiny(attention="gqa", kv_format="int8")):
         attn = refmodel.init(cfg, seed=0).blocks[0].attn
-        assert not attn.reads_pages(), cfg
+        assert not backends.reads_pages(attn), cfg

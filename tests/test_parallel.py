@@ -73,9 +73,9 @@ def test_parameters_and_cache_sit_where_the_rules_say():
     cfg = tiny(ffn="moe")
     sharded = parallel.shard(refmodel.init(cfg), parallel.make_mesh(2, 2, 2))
     attn, moe = sharded.blocks[0].attn, sharded.blocks[0].ffn
-    D, NH = cfg.d_model, cfg.n_heads * cfg.resolved_head_dim
-    assert {s.data.shape for s in attn.wq[...].addressable_shards} == {(D, NH // 2)}
-    assert {s.data.shape for s in attn.wo[...].addressable_shards} == {(NH // 2, D)}
+    D, N, H = cfg.d_model, cfg.n_heads, cfg.resolved_head_dim
+    assert {s.data.shape for s in attn.wq[...].addressable_shards} == {(D, N // 2, H)}
+    assert {s.data.shape for s in attn.wo[...].addressable_shards} == {(N // 2, H, D)}
     assert {s.data.shape[0] for s in moe.w_up[...].addressable_shards} == {cfg.n_experts // 2}
     assert {s.data.shape for s in sharded.embed.embedding[...].addressable_shards} == \
         {(cfg.vocab_size, D)}  # replicated
@@ -91,7 +91,7 @@ def test_quantized_weights_shard_and_match():
     model = refmodel.init(cfg, seed=0)
     toks = tokens(cfg, 4, 6)
     sharded = parallel.shard(model, parallel.make_mesh(2, 2, 1))
-    wq = sharded.blocks[0].attn.wq[...]  # q [N*H, D]: output-major, so split on axis 0
+    wq = sharded.blocks[0].attn.wq[...]  # q [N H, D]: output-major, so split on axis 0
     assert {s.data.shape for s in wq.q.addressable_shards} == \
         {(cfg.n_heads * cfg.resolved_head_dim // 2, cfg.d_model)}
     assert_logits_close(refmodel.forward(sharded, toks), refmodel.forward(model, toks), TOL)

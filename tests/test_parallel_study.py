@@ -9,10 +9,11 @@ import json
 
 import pytest
 
-from microbench import cli, parallel
+from microbench import cli
 from microbench.commands.figures import saved_figures
 from microbench.plots import parallel as plots
-from microbench.scale import chip_of, links_of
+from microbench.studies import parallel
+from microbench.studies.scale import chip_of, links_of
 from refmodel import presets
 from refmodel.parallel import comms
 

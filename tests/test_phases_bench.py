@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 import refmodel
-from microbench import plots, suite, summary, sweeps
-from microbench import points as mp
-from microbench.plots import claims
+from microbench import plots
+from microbench.phases import points as mp
+from microbench.phases import suite, sweeps
+from microbench.plots import claims, summary
 from microbench.schema import point_sweeps, validate_result
-from refmodel import costs, kernels
+from refmodel import backends, costs
 
 ROOFS = {"compute": [{"name": "GEMM float32", "kind": "compute", "dtype": "float32",
                       "value": 2e11, "p10": 1.9e11, "p90": 2.1e11, "source": "test",
@@ -55,13 +56,13 @@ def test_points_carry_the_counted_costs_of_the_same_phase(result):
 
 
 def test_points_time_the_products_the_plan_chose(result):
-    """The plan's matmul "auto" (refmodel.kernels.choose) is what every point says it timed;
+    """The plan's backend "auto" (refmodel.backends.choose) is what every point says it timed;
     a plan told "xla" builds XLA's model."""
     res, _ = result
-    assert res["plan"]["matmul"] == "auto"
-    assert {p["matmul"] for p in res["points"]} == {kernels.choose("auto")}
-    xla = dataclasses.replace(TINY_PLAN, matmul="xla")
-    assert {sweeps.config(xla, v).matmul for v in xla.variants} == {"xla"}
+    assert res["plan"]["backend"] == "auto"
+    assert {p["backend"] for p in res["points"]} == {backends.choose("auto")}
+    xla = dataclasses.replace(TINY_PLAN, backend="xla")
+    assert {sweeps.config(xla, v).backend for v in xla.variants} == {"xla"}
 
 
 def test_decode_ffn_intensity_grows_with_batch_in_the_saved_points(result):
@@ -219,11 +220,11 @@ def test_modelled_series_follow_the_cost_model():
 
 
 def _report(prefill_ratio: float, gemm_spread: float | None) -> dict:
-    """A speed report (microbench.report.measure_report's keys) with made-up numbers."""
+    """A speed report (microbench.phases.report.measure_report's keys) with made-up numbers."""
     rate = {"median": 1.0e11}
     prefill = {"context": 512, "timing": {"median": 2.0}, "flops_per_s": rate,
                "predicted": {"compute_flops_per_s": 1.0e11}}
-    rep = {"model": "medium", "params": 3.2e8, "matmul": "native",
+    rep = {"model": "medium", "params": 3.2e8, "backend": "native",
            "decode": {"context": 128, "timing": {"median": 0.04},
                       "bytes_per_s": {"median": 3.0e10}},
            "decode_over_dram": 0.9, "decode_over_dram_unscaled": 0.9, "decode_drift": 1.0,
@@ -243,8 +244,8 @@ def _report(prefill_ratio: float, gemm_spread: float | None) -> dict:
 @pytest.mark.parametrize("ratio,spread,flagged", [(1.48, 0.17, True), (1.10, 0.17, False),
                                                   (0.87, 0.0, False), (1.48, None, False)])
 def test_speed_report_flags_a_ratio_above_its_moments_roof(ratio, spread, flagged):
-    """A phase faster than the roof of its moment by more than the roof's spread (a Zen 3 run,
-    2026-12-04: prefill at 1.48 of a GEMM probe that read 0.56 of the rounds) is marked
+    """A phase faster than the roof of its moment by more than the roof's spread (prefill at
+    1.48 of a GEMM probe that read 0.56 of the rounds) is marked
     SUSPECT on its line; within the spread, or a saved report without spreads, is not."""
     lines = summary.format_report(_report(ratio, spread)).splitlines()
     prefill = next(line for line in lines if line.startswith("prefill"))

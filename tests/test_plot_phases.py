@@ -8,7 +8,8 @@ import copy
 
 import pytest
 
-from microbench import plots, sweeps
+from microbench import plots
+from microbench.phases import sweeps
 from microbench.plots import claims
 from microbench.plots import points as phase_plots
 from microbench.schema import KIND_PHASES, SCHEMA_VERSION, point_sweeps, validate_result

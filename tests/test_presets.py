@@ -93,7 +93,7 @@ def test_layer_patterns_of_hybrid_presets():
 # The parameter tree under eval_shape ------------------------------------------------------------
 #
 # Building a whole model under nnx.eval_shape costs time quadratic in its depth here (each
-# parameter's RNG draw walks the trace built so far: ~70 s for llama3.1-405b), so models deeper
+# parameter's RNG draw walks the trace built so far), so models deeper
 # than FULL_DEPTH are built block by block: every distinct (mixer, FFN) block once, plus the
 # embedding, final norm and head of a one-layer model. `test_blockwise_equals_whole_model`
 # shows the two agree.

@@ -35,9 +35,9 @@ def test_dequantize_quantize_is_within_the_formats_bound(k, n, log_scale, fmt, s
     back = np.asarray(qw.dequantize())
     assert back.shape == w.shape
     group = QUANT_GROUP[fmt]
-    scale = np.asarray(qw.scale)  # [N] or [N, K'/G]
+    scale = np.asarray(qw.scale)  # [n_out] or [n_out, n_in / group]
     per_elem = (scale[None, :] if group is None
-                else np.repeat(scale, group, axis=1)[:, :k].T)  # [K, N]
+                else np.repeat(scale, group, axis=1)[:, :k].T)  # [n_in, n_out]
     err = np.abs(back - w)
     if fmt == "float8":
         bound = 2.0**-4 * np.abs(w) + 2.0**-9 * per_elem  # e4m3: 3 mantissa bits, min 2**-9
@@ -53,7 +53,7 @@ def test_products_equal_the_dequantized_oracle(fmt, rows):
     """Both paths (fused multiply-and-reduce up to FEW_ROWS rows, dequantize-then-GEMM above)
     give x @ dequantize(w) to float32 rounding; stacked experts index to the same matrices."""
     rng = np.random.default_rng(rows)
-    w = jnp.asarray(rng.standard_normal((3, 70, 24)), jnp.float32)  # [E, K, N], K % 32 != 0
+    w = jnp.asarray(rng.standard_normal((3, 70, 24)), jnp.float32)  # [E, n_in, n_out]: 70 % 32 != 0
     x = jnp.asarray(rng.standard_normal((rows, 70)), jnp.float32)
     qw = quant.quantize_matrix(w, fmt, lead=1)
     for e in range(3):
@@ -70,7 +70,7 @@ def test_int8_activations_round_the_rows_too():
     qw = quant.quantize_matrix(w, "int8", acts=True)
     exact = np.asarray(x) @ np.asarray(qw.dequantize())
     step = np.abs(np.asarray(x)).max(-1, keepdims=True) / 127
-    bound = (step / 2) * np.abs(np.asarray(qw.dequantize())).sum(0)  # [M, N]
+    bound = (step / 2) * np.abs(np.asarray(qw.dequantize())).sum(0)  # [M, n_out]
     assert np.all(np.abs(np.asarray(x @ qw) - exact) <= bound + 1e-4)
 
 

@@ -36,7 +36,7 @@ CONFIGS = dict(refmodel.attention.option_sets())
 CONFIGS["mha, learned positions"] = {"attention": "mha", "position": "learned"}
 # A native model's decode attends in the kernel over each row's first min(p + 1, S) slots:
 # GQA's cache, and the sliding ring (whose written slots are its first ones, in any order).
-NATIVE = {f"{kind}, native kernels": {"attention": kind, "matmul": "native"}
+NATIVE = {f"{kind}, native kernels": {"attention": kind, "backend": "native"}
           for kind in ("gqa", "sliding")}
 CASES = [*CONFIGS, *(pytest.param(label, marks=pytest.mark.skipif(
     not kernels.available(), reason="native kernels not built")) for label in NATIVE)]

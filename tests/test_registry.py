@@ -8,8 +8,8 @@ import pytest
 from conftest import assert_golden, tiny
 
 import refmodel
-from microbench import points, sweeps
-from refmodel import attention, compiler_check, costs
+from microbench.phases import points, sweeps
+from refmodel import attention, compiler_check, costs, registry
 from refmodel.attention.gqa import GroupedQueryAttention
 from refmodel.config import positive
 
@@ -41,7 +41,7 @@ class Throwaway(GroupedQueryAttention):
 
 @pytest.fixture
 def registered(monkeypatch):
-    monkeypatch.setitem(attention._REGISTRY, KIND, Throwaway)
+    monkeypatch.setitem(registry._REGISTRY, KIND, Throwaway)
     return Throwaway
 
 

@@ -1,4 +1,4 @@
-"""A run's files are written as one set (issue 12): an interrupted or failed run leaves the
+"""A run's files are written as one set: an interrupted or failed run leaves the
 previous complete set, or nothing of its own, and never a temporary file.
 
 `files.output_set` is tested directly, through `peaks.measure_peaks` (the probe: a failure
@@ -78,7 +78,8 @@ def test_measure_peaks_writes_its_files_as_one_set(tmp_path, monkeypatch):
     """The probe: a failure on the last figure left a new peaks.json beside the old ones."""
     from matplotlib.figure import Figure
 
-    from microbench import peaks, plots, synthetic
+    from microbench import plots
+    from microbench.roofs import peaks, synthetic
 
     monkeypatch.setattr(plots, "roofline_figure", lambda results: Figure())
     monkeypatch.setattr(plots, "hierarchy_figure", lambda results: Figure())

@@ -19,7 +19,7 @@ SLO = {"ttft_s": 0.012, "tpot_s": 0.002}
 def _run(experiment: str, policy: str, rate: float, frac: float, *, ttft: float,
          num_pages: int = 40, prefix_cache: bool = True, hit_rate: float = 0.5,
          preemptions: int = 0, pool_fraction: float | None = None) -> dict:
-    """One run in the shape `microbench.serve.record` writes, with four requests."""
+    """One run in the shape `microbench.studies.serve.record` writes, with four requests."""
     requests = [{"id": i, "arrival_s": i / rate, "prompt": 40 + i, "output": 6,
                  "ttft_s": ttft * (0.6 + 0.3 * i), "tpot_s": None if i == 3 else 0.0005 * (1 + i),
                  "e2e_s": ttft * 2 + 0.003 * i} for i in range(4)]

@@ -1,9 +1,9 @@
 """The simulator: hand-computed timelines, conservation, and a replay of a real engine run.
 
 A step-time rule of `A + B x tokens` seconds makes every timestamp computable by hand; the
-cases follow the issue's list (one request; two requests sharing a prefix; a pool that forces
-eviction). The replay drives the simulator with the engine's own step intervals and checks it
-plans the same steps, so the only thing the simulator replaces is the model's time.
+cases are one request, two requests sharing a prefix, and a pool that forces eviction. The
+replay drives the simulator with the engine's own step intervals and checks it plans the
+same steps, so the only thing the simulator replaces is the model's time.
 """
 
 from __future__ import annotations

@@ -209,7 +209,7 @@ def test_verify_costs_are_a_step_of_k_plus_one_tokens(name):
 
 
 def test_benchmark_setup_and_roofs_are_checked():
-    from microbench import speculative as msp
+    from microbench.studies import speculative as msp
 
     with pytest.raises(ValueError, match=r"ks=\(0, 2\) must be positive"):
         msp.Setup(ks=(0, 2)).check()

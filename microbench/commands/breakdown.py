@@ -18,8 +18,8 @@ def add_args(p) -> None:
     p.add_argument("--attention", help="override the preset's attention kind (any registered "
                    "kind: refmodel.attention.registered())")
     p.add_argument("--mla-absorb", action="store_true", help="MLA with weight absorption")
-    p.add_argument("--matmul", help="how the weight products run: xla (default), output-major "
-                   "or native (refmodel.kernels; ModelConfig.matmul)")
+    p.add_argument("--backend", help="who runs the model's ops: xla (default), reference, "
+                   "output-major or native (refmodel.backends; ModelConfig.backend)")
     p.add_argument("--calls", type=int, default=5, help="traced calls (default 5)")
     p.add_argument("--warm", action="store_true",
                    help="time a decode phase with its data left in the caches between calls "
@@ -48,14 +48,15 @@ def check_args(args) -> None:
     kinds = refmodel.attention.registered()
     if args.attention is not None and args.attention not in kinds:
         raise ValueError(f"--attention {args.attention!r}: choose one of {list(kinds)}")
-    if args.matmul is not None and args.matmul not in refmodel.config.MATMULS:
-        raise ValueError(f"--matmul {args.matmul!r}: choose one of {list(refmodel.config.MATMULS)}")
-    if args.matmul == "native":
+    if args.backend is not None and args.backend not in refmodel.ops.BACKENDS:
+        raise ValueError(f"--backend {args.backend!r}: choose one of "
+                         f"{list(refmodel.ops.BACKENDS)}")
+    if args.backend == "native":
         from refmodel import kernels
 
         if not kernels.available():
-            raise ValueError(f"--matmul native: the native kernels are not available here "
-                             f"({kernels.why_not()}); use --matmul output-major or xla")
+            raise ValueError(f"--backend native: the native kernels are not available here "
+                             f"({kernels.why_not()}); use --backend output-major or xla")
     cfg = config(args)
     need = refmodel.costs.param_counts(cfg)["total"] * (2 if "16" in cfg.dtype else 4)
     have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -64,7 +65,7 @@ def check_args(args) -> None:
                          f"fit half of this machine's {have / 1e9:.0f} GB; real presets are "
                          "counted, not run: `python -m refmodel costs --preset NAME`")
     from microbench.commands.phases import available_memory, fmt_bytes
-    from microbench.points import memory_bytes
+    from microbench.phases.points import memory_bytes
 
     need, have = memory_bytes(cfg, args.phase, args.batch, args.context), available_memory()
     if need > have:
@@ -84,15 +85,15 @@ def config(args):
         changes["attention"] = args.attention
     if args.mla_absorb:
         changes["mla_absorb"] = True
-    if args.matmul:
-        changes["matmul"] = args.matmul
+    if args.backend:
+        changes["backend"] = args.backend
     return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
 def run(args) -> int:
-    from microbench.breakdown import format_table, measure_breakdown
     from microbench.files import output_set
-    from microbench.points import Budget
+    from microbench.phases.breakdown import format_table, measure_breakdown
+    from microbench.phases.points import Budget
 
     t0 = time.perf_counter()
     check_args(args)

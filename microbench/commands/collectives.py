@@ -4,7 +4,8 @@ size on this machine's devices (emulated host devices on a CPU), beside vendor l
 from __future__ import annotations
 
 import time
-from pathlib import Path
+
+from microbench.commands.study import add_output, finish, progress_bar
 
 # Interconnects drawn beside the measurement (names in microbench/data/hardware.json "links");
 # on a GPU or TPU the device's own scale-up link is added first when the database knows it.
@@ -19,13 +20,12 @@ def add_args(p) -> None:
                         "where every real device is used")
     p.add_argument("--repeats", type=int, default=None,
                    help="samples per point at least (default 10; 5 with --quick)")
-    p.add_argument("--out", default="results/collectives", help="output folder")
-    p.add_argument("--no-plot", action="store_true", help="write the JSON and summary only")
+    add_output(p, "results/collectives")
 
 
 def _links(env: dict) -> list[dict]:
     from microbench import hardware
-    from microbench.collectives import links
+    from microbench.studies.collectives import links
 
     names = list(LINKS)
     device = hardware.device_for_environment(env) if env.get("backend") != "cpu" else None
@@ -36,9 +36,8 @@ def _links(env: dict) -> list[dict]:
 
 
 def run(args) -> int:
-    from tqdm import tqdm
-
-    from microbench import collectives as coll
+    from microbench.files import check_writable_dir
+    from microbench.studies import collectives as coll
 
     t0 = time.perf_counter()
     repeats = args.repeats if args.repeats is not None else (5 if args.quick else 10)
@@ -46,30 +45,14 @@ def run(args) -> int:
         raise ValueError(f"--repeats {repeats}: at least 1")
     devices, emulated = coll.use_devices(args.devices)  # before anything starts a backend
     sizes = coll.QUICK_SIZES if args.quick else coll.SIZES
+    check_writable_dir(args.out)
 
     from microbench import harness
-    from microbench.files import output_set, write_json_atomic, write_text_atomic
 
-    with output_set(args.out) as out:
-        total = len(sizes) * len(coll.COLLECTIVES)
-        with tqdm(total=total, desc="collectives", unit="point", leave=False) as bar:
-            def progress(what: str) -> None:
-                bar.set_postfix_str(what)
-                bar.update(1)
-
-            result = coll.measure(sizes, devices, emulated, repeats=repeats,
-                                  budget_s=0.05 if args.quick else 1.0, progress=progress)
-        result["environment"] = harness.environment()
-        result["links"] = _links(result["environment"])
-        result["wall_s"] = time.perf_counter() - t0
-        write_json_atomic(out / "collectives.json", result)
-        from microbench.plots.collectives import collectives_summary, draw_collectives
-
-        summary = collectives_summary(result)
-        write_text_atomic(out / "collectives.md", summary + "\n")
-        wrote = [Path(args.out) / "collectives.json", Path(args.out) / "collectives.md"]
-        if not args.no_plot:
-            wrote += [Path(args.out) / p.name for p in draw_collectives(result, out)]
-    print(summary)
-    print(f"wrote {', '.join(map(str, wrote))} in {time.perf_counter() - t0:.0f} s")
-    return 0
+    with progress_bar("collectives", len(sizes) * len(coll.COLLECTIVES), "point") as progress:
+        result = coll.measure(sizes, devices, emulated, repeats=repeats,
+                              budget_s=0.05 if args.quick else 1.0, progress=progress)
+    result["environment"] = harness.environment()
+    result["links"] = _links(result["environment"])
+    result["wall_s"] = time.perf_counter() - t0
+    return finish("collectives", result, args.out, t0, plot=not args.no_plot)

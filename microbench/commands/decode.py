@@ -1,12 +1,13 @@
-"""`decode`: the decode race of issue 18 (microbench.decode): our decode step with XLA's and
-the native kernel's weight products against the C read, numpy's GEMM, llama.cpp and
-transformers, in interleaved rounds."""
+"""`decode`: the decode race (microbench.studies.decode): our decode step with XLA's and the
+native kernel's weight products against the C read, numpy's GEMM, llama.cpp and transformers,
+in interleaved rounds."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from pathlib import Path
+
+from microbench.commands.study import add_output, finish, progress_bar
 
 
 def _batches(text: str) -> tuple[int, ...]:
@@ -25,22 +26,13 @@ def add_args(p) -> None:
     p.add_argument("--batches", type=_batches, default=None, help="e.g. 1,2,4,8")
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3)")
     p.add_argument("--no-peers", action="store_true", help="skip llama.cpp and transformers")
-    p.add_argument("--out", default="results/decode", help="output folder")
-    p.add_argument("--no-plot", action="store_true", help="write the JSON and summary only")
+    add_output(p, "results/decode")
 
 
 def run(args) -> int:
-    from tqdm import tqdm
-
     from microbench import harness
-    from microbench.decode import QUICK, Setup, measure
-    from microbench.files import (
-        check_writable_dir,
-        output_set,
-        write_json_atomic,
-        write_text_atomic,
-    )
-    from microbench.plots.decode import decode_summary
+    from microbench.files import check_writable_dir
+    from microbench.studies.decode import QUICK, Setup, measure
 
     t0 = time.perf_counter()
     setup = QUICK if args.quick else Setup()
@@ -52,23 +44,8 @@ def run(args) -> int:
     setup = dataclasses.replace(setup, **changes)
     setup.check()
     check_writable_dir(args.out)
-    with output_set(args.out) as out:
-        with tqdm(desc="decode race", unit="step", leave=False) as bar:
-            def progress(what: str) -> None:
-                bar.set_postfix_str(what)
-                bar.update(1)
-
-            result = measure(setup, progress)
-        result["environment"] = harness.environment()
-        result["wall_s"] = time.perf_counter() - t0
-        write_json_atomic(out / "decode.json", result)
-        summary = decode_summary(result)
-        write_text_atomic(out / "decode.md", summary + "\n")
-        wrote = [Path(args.out) / "decode.json", Path(args.out) / "decode.md"]
-        if not args.no_plot:
-            from microbench.plots.decode import draw_decode
-
-            wrote += [Path(args.out) / p.name for p in draw_decode(result, out)]
-    print(summary)
-    print(f"wrote {', '.join(map(str, wrote))} in {time.perf_counter() - t0:.0f} s")
-    return 0
+    with progress_bar("decode race", unit="step") as progress:
+        result = measure(setup, progress)
+    result["environment"] = harness.environment()
+    result["wall_s"] = time.perf_counter() - t0
+    return finish("decode", result, args.out, t0, plot=not args.no_plot)

@@ -64,7 +64,7 @@ def print_summary(result: dict, per_round: bool = False) -> None:
 
 
 def run(args) -> int:
-    from microbench.peaks import measure_peaks
+    from microbench.roofs.peaks import measure_peaks
 
     if args.rounds is not None and args.rounds < 1:
         raise ValueError(f"--rounds {args.rounds}: must be a positive integer")

@@ -40,7 +40,8 @@ def add_args(p) -> None:
     p.add_argument("--peaks", help="a saved peaks.json to predict with (default: OUT/peaks.json "
                    "if present, else the roofs are measured first, quick, in this run)")
     p.add_argument("--model", help="preset of the sweeps (default: bench)")
-    p.add_argument("--variants", help="comma-separated variants (see microbench.sweeps.variants())")
+    p.add_argument("--variants",
+                   help="comma-separated variants (see microbench.phases.sweeps.variants())")
     p.add_argument("--batches", type=_ints, help="batch sweep, e.g. 1,2,4,8")
     p.add_argument("--contexts", type=_ints, help="context sweep, e.g. 256,1024,4096")
     p.add_argument("--prefill-len", type=int, help="prompt length of the prefill points")
@@ -49,9 +50,9 @@ def add_args(p) -> None:
                         "vs GEMM roof, and the PyTorch peer")
     p.add_argument("--no-peer", action="store_true", help="skip the PyTorch peer in --report")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    from microbench.commands.run import add_matmul
+    from microbench.commands.run import add_backend
 
-    add_matmul(p)
+    add_backend(p)
 
 
 def _peaks(args, parser_error, out_dir) -> dict:
@@ -66,7 +67,7 @@ def _peaks(args, parser_error, out_dir) -> dict:
         return result
     if args.peaks:
         parser_error(f"--peaks {path}: no such file")
-    from microbench.peaks import measure_peaks
+    from microbench.roofs.peaks import measure_peaks
 
     return measure_peaks(True, out_dir, progress=not args.no_progress)
 
@@ -74,7 +75,7 @@ def _peaks(args, parser_error, out_dir) -> dict:
 def plan_from_args(args, parser_error):
     """The sweep plan: quick or default, with any field the options override."""
     import refmodel
-    from microbench import sweeps
+    from microbench.phases import sweeps
 
     plan = sweeps.quick_plan() if args.quick else sweeps.PhasePlan()
     changes = {}
@@ -103,10 +104,10 @@ def plan_from_args(args, parser_error):
             if min(value if isinstance(value, tuple) else (value,)) <= 0:
                 parser_error(f"--{field.replace('_', '-')} {value}: must be positive")
             changes[field] = value
-    from microbench.commands.run import check_matmul
+    from microbench.commands.run import check_backend
 
-    check_matmul(args.matmul)
-    changes["matmul"] = args.matmul
+    check_backend(args.backend)
+    changes["backend"] = args.backend
     plan = dataclasses.replace(plan, **changes)
     need, job = sweeps.plan_memory(plan)
     have = available_memory()
@@ -131,9 +132,11 @@ def fmt_bytes(n: float) -> str:
 
 
 def run(args) -> int:
-    from microbench import harness, suite, summary
+    from microbench import harness
     from microbench.files import output_set, printable_lines
-    from microbench.report import measure_report
+    from microbench.phases import suite
+    from microbench.phases.report import measure_report
+    from microbench.plots import summary
 
     def parser_error(message):  # one line from the command line's error handler (cli.main)
         raise ValueError(message)
@@ -143,7 +146,7 @@ def run(args) -> int:
     with output_set(args.out) as out:  # the quick peaks it may measure and its results: one set
         peaks = _peaks(args, parser_error, out)
         if args.report:
-            rep = measure_report(peaks, peer=not args.no_peer, matmul=plan.matmul)
+            rep = measure_report(peaks, peer=not args.no_peer, backend=plan.backend)
             rep["environment"] = harness.environment()
             harness.write_json_atomic(out / "report.json", rep)
         else:

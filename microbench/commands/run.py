@@ -6,38 +6,40 @@ import time
 
 
 def add_args(p) -> None:
-    p.add_argument("--quick", action="store_true", help="about a minute on a 2-core laptop")
+    p.add_argument("--quick", action="store_true",
+                   help="fewer, smaller points: peaks --quick, then phases --quick")
     p.add_argument("--out", default="results/microbench", help="output folder")
     p.add_argument("--no-peer", action="store_true", help="skip the PyTorch peer")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    add_matmul(p)
+    add_backend(p)
 
 
-def add_matmul(p) -> None:
-    p.add_argument("--matmul", default="auto",
-                   help="the weight products of every timed phase: auto (default: the native "
-                        "CPU kernels where they build, else XLA's), xla, output-major or native "
-                        "(refmodel.kernels.choose)")
+def add_backend(p) -> None:
+    p.add_argument("--backend", default="auto",
+                   help="who runs every timed phase's ops: auto (default: the native CPU "
+                        "kernels where they build, else xla), reference, xla, output-major or "
+                        "native (refmodel.backends.choose)")
 
 
-def check_matmul(matmul: str) -> str:
-    """--matmul as a ValueError naming the option (one line on the command line), before
+def check_backend(backend: str) -> str:
+    """--backend as a ValueError naming the option (one line on the command line), before
     anything is measured; returns what "auto" resolves to here."""
-    from refmodel import kernels
+    from refmodel import backends
 
     try:
-        return kernels.choose(matmul)
+        return backends.choose(backend)
     except (ValueError, RuntimeError) as e:
-        raise ValueError(f"--matmul {matmul!r}: {e}") from None
+        raise ValueError(f"--backend {backend!r}: {e}") from None
 
 
 def run(args) -> int:
-    from microbench import suite, summary
+    from microbench.phases import suite
+    from microbench.plots import summary
 
     t0 = time.perf_counter()
-    check_matmul(args.matmul)
+    check_backend(args.backend)
     out = suite.run(args.quick, args.out, peer=not args.no_peer,
-                    progress=not args.no_progress, matmul=args.matmul)
+                    progress=not args.no_progress, backend=args.backend)
     print(summary.summary_markdown(out["peaks"], out["phases"]))
     for f in out["files"]:
         print(f"wrote {f}")

@@ -4,7 +4,8 @@ size, the engine's decode step against `Phases`, and transformers' static batche
 from __future__ import annotations
 
 import time
-from pathlib import Path
+
+from microbench.commands.study import add_output, finish, floats, names, progress_bar
 
 QUICK = dict(model="tiny", requests=6, system_len=64, prompt_len=16, output_len=8,
              page_size=8, token_budget=32, max_running=4, policies=("mixed", "static"),
@@ -12,21 +13,8 @@ QUICK = dict(model="tiny", requests=6, system_len=64, prompt_len=16, output_len=
              decode_context=127, decode_steps=20, decode_rounds=2)
 
 
-# option -> (Setup field, parser): every size option defaults to None, meaning "the Setup's
-# default, or QUICK's with --quick"; an option given explicitly wins over both.
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
-
-
-def _floats(option: str):
-    def parse(text: str) -> tuple[float, ...]:
-        try:
-            return tuple(float(x) for x in _names(text))
-        except ValueError:
-            raise ValueError(f"{option} {text!r}: give comma-separated numbers") from None
-    return parse
-
-
+# option -> (Setup field, parser, help): every size option defaults to None, meaning "the
+# Setup's default, or QUICK's with --quick"; an option given explicitly wins over both.
 OPTIONS = {
     "--model": ("model", str, "preset to run"),
     "--attention": ("attention", str, "override the preset's attention kind"),
@@ -39,13 +27,13 @@ OPTIONS = {
     "--page-size": ("page_size", int, "tokens per KV page"),
     "--token-budget": ("token_budget", int, "tokens per engine step (decodes + chunks)"),
     "--max-running": ("max_running", int, "sequences in the running batch at most"),
-    "--policies": ("policies", _names, "comma list of mixed, prefill-first, decode-first, "
+    "--policies": ("policies", names, "comma list of mixed, prefill-first, decode-first, "
                    "static"),
-    "--rates": ("rates", _floats("--rates"), "comma list of request rates (requests/s); "
+    "--rates": ("rates", floats, "comma list of request rates (requests/s); "
                 "default: --rate-fractions of the naive capacity measured first"),
-    "--rate-fractions": ("rate_fractions", _floats("--rate-fractions"),
+    "--rate-fractions": ("rate_fractions", floats,
                          "rates as fractions of max_running / unloaded request time"),
-    "--pool-fractions": ("pool_fractions", _floats("--pool-fractions"),
+    "--pool-fractions": ("pool_fractions", floats,
                          "pool sizes as fractions of one that holds every running sequence"),
     "--slo-scale": ("slo_scale", float, "SLOs = this x the unloaded TTFT and TPOT"),
     "--decode-batch": ("decode_batch", int, "rows of the decode-step comparison"),
@@ -57,7 +45,7 @@ OPTIONS = {
 
 
 def add_args(p) -> None:
-    from microbench.serve import Setup
+    from microbench.studies.serve import Setup
 
     d = Setup()
     for option, (field, kind, text) in OPTIONS.items():
@@ -69,12 +57,11 @@ def add_args(p) -> None:
                    help="skip transformers' static batches (needs the peers extra anyway)")
     p.add_argument("--quick", action="store_true",
                    help="the tiny model, 2 policies, 2 rates, 8 requests: about a minute")
-    p.add_argument("--out", default="results/serve", help="output folder")
-    p.add_argument("--no-plot", action="store_true", help="write the JSON only")
+    add_output(p, "results/serve")
 
 
 def setup_of(args):
-    from microbench.serve import Setup
+    from microbench.studies.serve import Setup
 
     values = dict(QUICK) if args.quick else {}
     for field, _, _ in OPTIONS.values():
@@ -84,35 +71,18 @@ def setup_of(args):
 
 
 def run(args) -> int:
-    from tqdm import tqdm
-
-    from microbench.files import output_set, write_json_atomic, write_text_atomic
-    from microbench.serve import config, measure
+    from microbench import harness
+    from microbench.files import check_writable_dir
+    from microbench.studies.serve import config, measure
 
     t0 = time.perf_counter()
     setup = setup_of(args)
     setup.check()
     config(setup)  # an unknown preset or kind fails here, before anything is measured
-    with output_set(args.out) as out:  # serve.json, serve.md and the figures: one set
-        parts = len(setup.policies) * len(setup.rates or setup.rate_fractions) + \
-            len(setup.pool_fractions) + 3 + setup.peer
-        with tqdm(total=parts, desc="serve", unit="part", leave=False) as bar:
-            def progress(what: str) -> None:
-                bar.set_postfix_str(what)
-                bar.update(1)
-
-            result = measure(setup, progress)
-        from microbench import harness
-
-        result["environment"] = harness.environment()
-        write_json_atomic(out / "serve.json", result)
-        from microbench.plots.serving import draw_serving, serving_summary
-
-        summary = serving_summary(result)
-        write_text_atomic(out / "serve.md", summary + "\n")
-        wrote = [Path(args.out) / "serve.json", Path(args.out) / "serve.md"]
-        if not args.no_plot:
-            wrote += [Path(args.out) / p.name for p in draw_serving(result, out)]
-    print(summary)
-    print(f"wrote {', '.join(map(str, wrote))} in {time.perf_counter() - t0:.0f} s")
-    return 0
+    check_writable_dir(args.out)
+    parts = len(setup.policies) * len(setup.rates or setup.rate_fractions) + \
+        len(setup.pool_fractions) + 3 + setup.peer
+    with progress_bar("serve", parts) as progress:
+        result = measure(setup, progress)
+    result["environment"] = harness.environment()
+    return finish("serve", result, args.out, t0, plot=not args.no_plot)

@@ -5,9 +5,10 @@ tensor parallelism, prefill/decode and attention-FFN disaggregation, SRAM-only c
 from __future__ import annotations
 
 import dataclasses
-import tempfile
 import time
 from pathlib import Path
+
+from microbench.commands.study import add_output, finish, floats, names, progress_bar
 
 PARTS = ("check", "paper")
 DEFAULT_PEAKS = "results/microbench/peaks.json"  # where `python -m microbench run` puts it
@@ -20,40 +21,29 @@ QUICK_PAPER = dict(models=("llama3-8b",), mixes=(("chat", 256, 32),), rate_fract
                    context=1024, max_running=16)
 
 
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
-
-
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in _names(text))
-    except ValueError:
-        raise ValueError(f"{text!r}: give comma-separated numbers") from None
-
-
 # option -> (part, field, parser, help); None means the part's default (or --quick's)
 OPTIONS = {
-    "--models": ("check", "models", _names, "presets checked against the engine, each "
+    "--models": ("check", "models", names, "presets checked against the engine, each "
                  "optionally +<attention kind> or +moe"),
-    "--policies": ("check", "policies", _names, "scheduler policies of the check"),
-    "--rate-fractions": ("check", "rate_fractions", _floats,
+    "--policies": ("check", "policies", names, "scheduler policies of the check"),
+    "--rate-fractions": ("check", "rate_fractions", floats,
                          "check rates as fractions of the naive capacity"),
     "--requests": ("check", "requests", int, "requests per check run"),
     "--engine-repeats": ("check", "engine_repeats", int, "engine runs per trace"),
     "--device": ("paper", "device", str, "hardware database device of the on-paper studies"),
-    "--paper-models": ("paper", "models", _names, "presets of the scale-out study"),
+    "--paper-models": ("paper", "models", names, "presets of the scale-out study"),
     "--pd-model": ("paper", "pd_model", str, "preset of the disaggregation study"),
     "--sram-chip": ("paper", "sram_chip", str, "SRAM-only device"),
 }
 
 
 def add_args(p) -> None:
-    p.add_argument("--parts", type=_names, default=PARTS,
+    p.add_argument("--parts", type=names, default=PARTS,
                    help=f"comma list of {', '.join(PARTS)} (default both)")
     p.add_argument("--config", default=None,
                    help="a JSON (or, on Python >= 3.11, TOML) file {check: {...}, paper: "
-                        "{...}} of fields of microbench.simulate.Check / microbench.scale."
-                        "Paper; flags win over it")
+                        "{...}} of fields of microbench.studies.simulate.Check / "
+                        "microbench.studies.scale.Paper; flags win over it")
     for option, (part, field, kind, text) in OPTIONS.items():
         p.add_argument(option, type=kind, default=None, help=f"{text} ({part}.{field})")
     p.add_argument("--peaks", default=None,
@@ -62,8 +52,7 @@ def add_args(p) -> None:
                         "now with peaks --quick, about 1.5 minutes)")
     p.add_argument("--quick", action="store_true",
                    help="tiny models and few requests: about a minute")
-    p.add_argument("--out", default="results/simulate", help="output folder")
-    p.add_argument("--no-plot", action="store_true", help="write the JSON only")
+    add_output(p, "results/simulate")
 
 
 def _config_file(path: str | None) -> dict:
@@ -87,8 +76,8 @@ def _config_file(path: str | None) -> dict:
 
 def setups(args):
     """(Check, Paper) from --quick, --config and the flags, in that order of precedence."""
-    from microbench.scale import Paper
-    from microbench.simulate import Check
+    from microbench.studies.scale import Paper
+    from microbench.studies.simulate import Check
 
     values = {"check": dict(QUICK_CHECK) if args.quick else {},
               "paper": dict(QUICK_PAPER) if args.quick else {}}
@@ -130,16 +119,15 @@ def _peaks(path: str | None, progress) -> dict:
 
     if path is not None:
         return read_json(path)
-    from microbench import peaks
+    from microbench.roofs import peaks
 
     progress("this machine's roofs (peaks --quick)")
     return peaks.measure(quick=True, progress=False)
 
 
 def run(args) -> int:
-    from tqdm import tqdm
-
-    from microbench.files import output_set, write_json_atomic, write_text_atomic
+    from microbench import harness
+    from microbench.files import check_writable_dir
 
     t0 = time.perf_counter()
     bad = set(args.parts) - set(PARTS)
@@ -149,36 +137,17 @@ def run(args) -> int:
     check.check()
     paper.check()
     peaks_path = _peaks_path(args) if "check" in args.parts else None
-    with output_set(args.out) as out:
-        with tqdm(desc="simulate", unit="part", leave=False) as bar:
-            def progress(what: str) -> None:
-                bar.set_postfix_str(what)
-                bar.update(1)
+    check_writable_dir(args.out)
+    result = {"kind": "simulate", "environment": harness.environment()}
+    with progress_bar("simulate") as progress:
+        if "check" in args.parts:
+            from microbench.studies.simulate import validate
 
-            from microbench import harness
+            result["check"] = validate(check, _peaks(peaks_path, progress), progress)
+            result["check"]["peaks_source"] = peaks_path or "measured now (peaks --quick)"
+        if "paper" in args.parts:
+            from microbench.studies.scale import study
 
-            result = {"kind": "simulate", "environment": harness.environment()}
-            if "check" in args.parts:
-                from microbench.simulate import validate
-
-                result["check"] = validate(check, _peaks(peaks_path, progress), progress)
-                result["check"]["peaks_source"] = peaks_path or "measured now (peaks --quick)"
-            if "paper" in args.parts:
-                from microbench.scale import study
-
-                result["paper"] = study(paper, progress)
-        result["wall_s"] = time.perf_counter() - t0
-        write_json_atomic(out / "simulate.json", result)
-        # kept if drawing fails (the set in `out` is then discarded): minutes of runs
-        write_json_atomic(Path(tempfile.gettempdir()) / "simulate-last.json", result)
-        from microbench.plots.simulate import draw_simulate, simulate_summary
-
-        summary = simulate_summary(result)
-        write_text_atomic(out / "simulate.md", summary + "\n")
-        wrote = [Path(args.out) / "simulate.json", Path(args.out) / "simulate.md"]
-        if not args.no_plot:
-            wrote += [Path(args.out) / p.name for p in draw_simulate(result, out)]
-    print(summary)
-    print(f"wrote {', '.join(map(str, wrote))} in {time.perf_counter() - t0:.0f} s")
-    return 0
-
+            result["paper"] = study(paper, progress)
+    result["wall_s"] = time.perf_counter() - t0
+    return finish("simulate", result, args.out, t0, plot=not args.no_plot, keep_copy=True)

@@ -2,22 +2,31 @@
 microbench (schema, files, roofline), never JAX or Flax, so `figures/` can be redrawn anywhere.
 
 Modules, each importing only those before it (no cycle):
-    common.py     rc settings, SI formatting, atomic save, loading, the two roof lines
-    roofline.py   roofline.png: the machine's roofs, ridges, what XLA reaches (peaks.json)
-    hierarchy.py  hierarchy.png: bandwidth per level at a fixed thread count, drift by round
-    claims.py     what a phase figure's titles and notes say, computed from its data (pure)
-    points.py     phases_roofline.png and gap.png: measured points against their predictions,
-                  plus what every phase figure shares (Notes, ridge_of)
-    sweeps.py     batch.png, throughput.png, crossover.png, kv_cache.png (phases.json)
-    breakdown.py  the per-op breakdown figure (breakdown.json; `python -m
-                  microbench.plots.breakdown breakdown.json [out.png]`)
-    serving.py    the four serve_*.png figures and serve.md (serve.json; `python -m
-                  microbench.plots.serving serve.json [out_dir]`)
-    simulate.py   the five simulate_*.png figures and simulate.md (simulate.json: the
-                  simulator against the engine, and the on-paper studies)
+    common.py       rc settings, number formatting, atomic save, loading, the two roof lines
+    roofline.py     roofline.png: the machine's roofs, ridges, what XLA reaches (peaks.json)
+    hierarchy.py    hierarchy.png: bandwidth per level at a fixed thread count, drift by round
+    claims.py       what a phase figure's titles and notes say, computed from its data (pure)
+    points.py       phases_roofline.png and gap.png: measured points against their
+                    predictions, plus what every phase figure shares (Notes, ridge_of)
+    sweeps.py       batch.png, throughput.png, crossover.png, kv_cache.png (phases.json)
+    breakdown.py    the per-op breakdown figure (breakdown.json; `python -m
+                    microbench.plots.breakdown breakdown.json [out.png]`)
+    serving.py      the serve_*.png figures and serve.md (serve.json)
+    simulate.py     the simulate_*.png figures and simulate.md (simulate.json: the simulator
+                    against the engine, and the on-paper studies)
+    speculative.py  speculative.png and speculative.md (speculative.json)
+    quant.py        quant.png and quant.md (quant.json)
+    collectives.py  collectives.png and collectives.md (collectives.json)
+    parallel.py     parallel_tp.png, parallel_ep.png and parallel.md (parallel.json)
+    decode.py       decode.png and decode.md (decode.json: the decode race)
+    summary.py      summary.md and the speed report's lines (peaks.json, phases.json)
+    saved.py        which module draws each study's result; `redraw_all` is what `python -m
+                    microbench figures` draws, `draw_study` what a study command ends in
 
-Add a figure by writing `<name>_figure(results, title=None) -> Figure` in the module of its
-data and listing it in FIGURES. `draw_all` is what `python -m microbench figures` draws.
+The serving, simulate, speculative, quant, collectives and parallel modules also redraw one
+saved result: `python -m microbench.plots.<module> result.json [out_dir]`. Add a roofline
+figure by writing `<name>_figure(results, title=None) -> Figure` in the module of its data and
+listing it in FIGURES; a study's figures by adding the study to saved.STUDIES.
 """
 
 from __future__ import annotations

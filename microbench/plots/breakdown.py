@@ -1,7 +1,7 @@
 """The per-op breakdown figure, drawn only from a saved breakdown result (breakdown.json).
 
 Horizontal bars of measured time per op (the named scopes of `refmodel`, as
-`microbench.breakdown` attributes XLA:CPU's thunk events to them), longest first, each
+`microbench.phases.breakdown` attributes XLA:CPU's thunk events to them), longest first, each
 annotated with the rate it achieved on its counted cost: GFLOP/s alone for an op of counted
 intensity >= FLOP_BOUND_INTENSITY, else GB/s (and GFLOP/s when it counts FLOPs too); an op
 counted in FLOPs only (RoPE, softmax: elementwise on activations the cost model moves no bytes

@@ -18,15 +18,16 @@ from collections.abc import Sequence
 from microbench.roofline import BAND
 from microbench.schema import PHASE_NAMES
 
-PRODUCTS = {"xla": "XLA's", "output-major": "XLA's over output-major weights",
-            "native": "the native CPU kernels (refmodel/kernels)"}
+BACKENDS = {"reference": "reference (the model files' own code)",
+            "xla": "xla (XLA's layouts)",
+            "output-major": "output-major (XLA, weights stored [out, in])",
+            "native": "native (the C++ kernels where they apply, else xla)"}
 
 
-def products(points: Sequence[dict]) -> str:
-    """Whose weight products the points timed (ModelConfig.matmul; results saved before the
-    field existed timed XLA's)."""
-    kinds = sorted({p.get("matmul", "xla") for p in points})
-    return ", ".join(PRODUCTS.get(k, k) for k in kinds) or "-"
+def backends(points: Sequence[dict]) -> str:
+    """Who ran the points' ops (ModelConfig.backend, `refmodel/ops.py`)."""
+    kinds = sorted({p.get("backend", "xla") for p in points})
+    return ", ".join(BACKENDS.get(k, k) for k in kinds) or "-"
 
 
 def short_reason(reason: str) -> str:

@@ -15,9 +15,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from microbench.plots.common import PALETTE, new_figure, redraw_main, save, styled
+from microbench.plots.common import (
+    PALETTE,
+    check_kind,
+    new_figure,
+    num,
+    redraw_main,
+    save,
+    styled,
+    wall_time,
+)
 from microbench.plots.serving import _note, machine_name
-from microbench.plots.speculative import num
 
 FILE = "collectives.png"
 COMMAND = "python -m microbench collectives"
@@ -196,8 +204,7 @@ def collectives_figure(result: dict):
 
 def draw_collectives(result: dict, out_dir: str | Path) -> list[Path]:
     """Write collectives.png into out_dir; return its path in a list."""
-    if not isinstance(result, dict) or result.get("kind", "collectives") != "collectives":
-        raise ValueError("not a collectives result: expected a dict with kind 'collectives'")
+    check_kind(result, "collectives")
     return [save(collectives_figure(result), Path(out_dir) / FILE)]
 
 
@@ -229,13 +236,11 @@ def collectives_summary(result: dict) -> str:
     if links:
         lines += ["", "vendor spec, one direction per chip: " + ", ".join(
             f"{link['name']} {_gbs(link['bandwidth'])}" for link in links) + "."]
-    if result.get("wall_s") is not None:
-        lines += ["", f"wall time {num(result['wall_s'])} s."]
+    lines += wall_time(result)
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
     return redraw_main(argv, "collectives", draw_collectives, collectives_summary)
 
 

@@ -10,7 +10,9 @@ vendor or theoretical roofs dashed, measured roofs solid with their p10-p90 spre
 from __future__ import annotations
 
 import functools
+import math
 import os
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,6 +39,41 @@ def fmt_si(value: float, unit: str) -> str:
         if abs(value) >= scale:
             return f"{value / scale:.3g} {prefix}{unit}"
     return f"{value:.3g} {unit}"
+
+
+def num(value, digits: int = 3) -> str:
+    """1212.06 -> '1,212'; 0.84615 -> '0.846'; 1.0 -> '1.00'; None -> 'n/a'."""
+    if value is None:
+        return "n/a"
+    value = float(value)
+    if not math.isfinite(value):
+        return "n/a"
+    if abs(value) >= 10 ** (digits - 1):
+        return f"{value:,.0f}"
+    return f"{value:#.{digits}g}"
+
+
+def times(value) -> str:
+    """1.6067 -> '1.61x'; None -> 'n/a'."""
+    return "n/a" if value is None else f"{num(value)}x"
+
+
+def md_table(header: list[str], rows: list[list]) -> list[str]:
+    """The lines of a markdown table."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *["| " + " | ".join(str(c) for c in row) + " |" for row in rows]]
+
+
+def check_kind(result, kind: str, required: bool = False) -> None:
+    """Refuse what is not a `kind` result (a dict whose "kind" is kind, or absent unless
+    `required`) before anything is drawn from it."""
+    if not isinstance(result, dict) or result.get("kind", None if required else kind) != kind:
+        raise ValueError(f"not a {kind} result: expected a dict with kind {kind!r}")
+
+
+def wall_time(result: dict) -> list[str]:
+    """A summary's closing line: the run's wall time, when the result has one."""
+    return [] if result.get("wall_s") is None else ["", f"wall time {num(result['wall_s'])} s."]
 
 
 def styled(figure_fn):
@@ -72,11 +109,12 @@ def save(fig: Figure, path: str | Path) -> Path:
     return path
 
 
-def redraw_main(argv: list[str], module: str, draw, summary) -> int:
+def redraw_main(argv: list[str] | None, module: str, draw, summary) -> int:
     """`python -m microbench.plots.<module> result.json [out_dir]`: draw the figures of one
-    saved result (next to it by default) and print its summary."""
+    saved result (next to it by default) and print its summary. argv: sys.argv[1:] if None."""
     import json
 
+    argv = sys.argv[1:] if argv is None else argv
     if not 1 <= len(argv) <= 2:
         print(f"usage: python -m microbench.plots.{module} result.json [out_dir]")
         return 2

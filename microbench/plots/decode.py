@@ -1,5 +1,5 @@
-"""The decode race's figure (microbench.decode): step time per batch beside its roof, and the
-batch-1 ratios round by round.
+"""The decode race's figure (microbench.studies.decode): step time per batch beside its roof,
+and the batch-1 ratios round by round.
 
 Left: our decode step per batch, XLA's products and the native kernel's (median over rounds,
 bars from the fastest to the slowest round), the roof time of the same step (the slower of
@@ -64,6 +64,18 @@ def title(result: dict) -> str:
 def decode_figure(result: dict):
     fig = Figure(figsize=(13.0, 6.0), layout="constrained")
     left, right = fig.subplots(1, 2)
+    _step_times_panel(left, result)
+    _rounds_panel(right, result)
+    fig.suptitle(title(result), fontsize=10)
+    fig.supxlabel(f"{machine_name(result.get('environment'))}; memory: "
+                  f"{result['read_program']}, compute: {result['gemm_program']}",
+                  fontsize=7, color="0.4")
+    return fig
+
+
+def _step_times_panel(ax, result: dict) -> None:
+    """Each program's step time per batch (bars: fastest to slowest round), the roofs of the
+    float32 (and int8) step, and the peers at batch 1."""
     batches = result["setup"]["batches"]
     for program in result["programs"]:
         rows = [_row(result, program, b) for b in batches]
@@ -74,26 +86,31 @@ def decode_figure(result: dict):
                    if p["program"] == program and p["batch"] == b]
             lo.append(m - min(pts))
             hi.append(max(pts) - m)
-        left.errorbar(batches, ms, yerr=[lo, hi], marker="o", capsize=3,
-                      color=COLORS[program], label=NAMES[program])
+        ax.errorbar(batches, ms, yerr=[lo, hi], marker="o", capsize=3,
+                    color=COLORS[program], label=NAMES[program])
     roof = [1e3 * _row(result, result["programs"][0], b)["roof_s"] for b in batches]
-    left.plot(batches, roof, ls="--", color=COLORS["roof"],
-              label="roof of the float32 step: max(bytes / C read, FLOPs / GEMM), counted")
+    ax.plot(batches, roof, ls="--", color=COLORS["roof"],
+            label="roof of the float32 step: max(bytes / C read, FLOPs / GEMM), counted")
     if "native-int8" in result["programs"]:  # a quarter of the weight bytes: its own roof
         roof8 = [1e3 * _row(result, "native-int8", b)["roof_s"] for b in batches]
-        left.plot(batches, roof8, ls="--", color=COLORS["native-int8"], alpha=0.6,
-                  label="roof of the int8 step")
+        ax.plot(batches, roof8, ls="--", color=COLORS["native-int8"], alpha=0.6,
+                label="roof of the int8 step")
     for name, p in result["peer_table"].items():
-        left.plot([1], [1e3 * p["step_s"]], marker="D", ls="none", ms=9,
-                  color=COLORS.get(name, "k"), label=f"{name} (batch 1)")
-    left.set_xscale("log", base=2)
-    left.set_xticks(batches, [str(b) for b in batches])
-    left.set_xlabel("batch (sequences decoded together)")
-    left.set_ylabel("decode step time (ms)")
-    left.set_ylim(0, 1.5 * left.get_ylim()[1])  # headroom: the legend sits above the lines
-    left.legend(fontsize=8, loc="upper left")
-    left.set_title("step time per batch (bars: fastest to slowest round)", fontsize=10)
+        ax.plot([1], [1e3 * p["step_s"]], marker="D", ls="none", ms=9,
+                color=COLORS.get(name, "k"), label=f"{name} (batch 1)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(batches, [str(b) for b in batches])
+    ax.set_xlabel("batch (sequences decoded together)")
+    ax.set_ylabel("decode step time (ms)")
+    ax.set_ylim(0, 1.5 * ax.get_ylim()[1])  # headroom: the legend sits above the lines
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title("step time per batch (bars: fastest to slowest round)", fontsize=10)
 
+
+def _rounds_panel(ax, result: dict) -> None:
+    """Each round's batch-1 ratios (bytes/s over the C read, speed over llama.cpp) beside
+    their targets."""
+    batches = result["setup"]["batches"]
     rounds = [r["round"] + 1 for r in result["rounds"]]
     t = result["targets"]
     for program in result["programs"]:
@@ -101,29 +118,24 @@ def decode_figure(result: dict):
                for r in result["rounds"]] if 1 in batches else []
         if not pts:
             continue
-        right.plot(rounds, [p["over_read"] for p in pts], marker="o", color=COLORS[program],
-                   label=f"{NAMES[program]}: bytes/s over the C read")
+        ax.plot(rounds, [p["over_read"] for p in pts], marker="o", color=COLORS[program],
+                label=f"{NAMES[program]}: bytes/s over the C read")
         if all("llama.cpp" in p["speed_over"] for p in pts):
-            right.plot(rounds, [p["speed_over"]["llama.cpp"] for p in pts], marker="s",
-                       ls=":", color=COLORS[program],
-                       label=f"{NAMES[program]}: speed over llama.cpp")
-    right.axhline(t["vs_read"], color="0.5", lw=0.8, ls="--")
-    right.text(rounds[0], t["vs_read"], f" target {t['vs_read']} of the read", fontsize=8,
-               va="bottom", color="0.4")
-    right.axhline(t["vs_llamacpp"], color="0.5", lw=0.8, ls=":")
-    right.text(rounds[0], t["vs_llamacpp"], f" target {t['vs_llamacpp']}x llama.cpp",
-               fontsize=8, va="bottom", color="0.4")
-    right.set_xticks(rounds)
-    right.set_xlabel("round")
-    right.set_ylabel("ratio, batch 1 (same round)")
-    right.set_ylim(bottom=0)
-    right.legend(fontsize=8, loc="lower left")
-    right.set_title("batch 1, round by round", fontsize=10)
-    fig.suptitle(title(result), fontsize=10)
-    fig.supxlabel(f"{machine_name(result.get('environment'))}; memory: "
-             f"{result['read_program']}, compute: {result['gemm_program']}",
-             fontsize=7, color="0.4")
-    return fig
+            ax.plot(rounds, [p["speed_over"]["llama.cpp"] for p in pts], marker="s",
+                    ls=":", color=COLORS[program],
+                    label=f"{NAMES[program]}: speed over llama.cpp")
+    ax.axhline(t["vs_read"], color="0.5", lw=0.8, ls="--")
+    ax.text(rounds[0], t["vs_read"], f" target {t['vs_read']} of the read", fontsize=8,
+            va="bottom", color="0.4")
+    ax.axhline(t["vs_llamacpp"], color="0.5", lw=0.8, ls=":")
+    ax.text(rounds[0], t["vs_llamacpp"], f" target {t['vs_llamacpp']}x llama.cpp",
+            fontsize=8, va="bottom", color="0.4")
+    ax.set_xticks(rounds)
+    ax.set_xlabel("round")
+    ax.set_ylabel("ratio, batch 1 (same round)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8, loc="lower left")
+    ax.set_title("batch 1, round by round", fontsize=10)
 
 
 def draw_decode(result: dict, out_dir: str | Path) -> list[Path]:
@@ -193,7 +205,7 @@ def decode_summary(result: dict) -> str:
         lines.append(f"\nGreedy tokens after a {g['prompt_len']}-token prompt: ours {g['ours']}, "
                      f"llama.cpp {g['llama.cpp']}: {'equal' if g['equal'] else 'DIFFERENT'}.")
     t = result["targets"]
-    lines.append(f"\nTargets (issue 18): batch 1 >= {t['vs_llamacpp']}x llama.cpp and >= "
+    lines.append(f"\nTargets: batch 1 >= {t['vs_llamacpp']}x llama.cpp and >= "
                  f"{t['vs_read']} of the C read; batches 2-8 >= {t['small_batch_roof']} of "
                  "their roof.")
     for why in result["skipped"]:

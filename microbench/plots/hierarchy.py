@@ -1,9 +1,9 @@
 """The memory hierarchy and the machine's drift (hierarchy.png), drawn from a peaks result.
 
 Left: read bandwidth vs working set at a fixed thread count (the native all-core and one-core
-series of microbench.hierarchy, XLA's own sweep), the OS cache sizes, the plateaus named as
+series of microbench.roofs.hierarchy, XLA's own sweep), the OS cache sizes, the plateaus named as
 levels and main memory's roofs (microbench.roofline), violations of L1 >= L2 >= L3 >= main
-memory in red. Right: each main roof's programs round by round (microbench.rounds), so the
+memory in red. Right: each main roof's programs round by round (microbench.roofs.rounds), so the
 drift of a shared machine during the run is visible.
 """
 
@@ -36,7 +36,7 @@ def hierarchy_figure(results: Sequence[dict], title: str | None = None) -> Figur
     roof's programs round by round (the drift of the machine during the run)."""
     result = next((r for r in results if r.get("kind", KIND_PEAKS) == KIND_PEAKS), None)
     if result is None:
-        raise ValueError("no peaks result among the files (kind 'microbench.peaks')")
+        raise ValueError("no peaks result among the files (kind 'microbench.roofs.peaks')")
     fig = Figure(figsize=(15, 6.8), layout="constrained")
     ax, ax2 = fig.subplots(1, 2, width_ratios=[1.4, 1])
     hier = result.get("hierarchy")

@@ -1,5 +1,5 @@
 """The tensor- and expert-parallel figures and summary, drawn only from a saved result
-(parallel.json, `python -m microbench parallel`; the study is microbench/parallel.py):
+(parallel.json, `python -m microbench parallel`; the study is microbench/studies/parallel.py):
 
     parallel_tp.png  per model and batch, one device's decode step per TP degree as stacked
                      bars (weight reads, KV reads, activations, compute beyond memory, the
@@ -23,8 +23,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FixedFormatter, FixedLocator, NullFormatter
 
-from microbench.plots.common import PALETTE, redraw_main, save, styled
-from microbench.plots.speculative import num
+from microbench.plots.common import PALETTE, check_kind, num, redraw_main, save, styled
 
 FILES = ("parallel_tp.png", "parallel_ep.png")
 COMMAND = "python -m microbench parallel"
@@ -247,8 +246,7 @@ def ep_figure(result: dict) -> Figure:
 
 def draw_parallel(result: dict, out_dir: str | Path) -> list[Path]:
     """Write parallel_tp.png and parallel_ep.png into out_dir; return their paths."""
-    if not isinstance(result, dict) or result.get("kind") != "parallel":
-        raise ValueError("not a parallel result: expected a dict with kind 'parallel'")
+    check_kind(result, "parallel", required=True)
     out = Path(out_dir)
     return [save(tp_figure(result), out / FILES[0]), save(ep_figure(result), out / FILES[1])]
 
@@ -292,7 +290,6 @@ def parallel_summary(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
     return redraw_main(argv, "parallel", draw_parallel, parallel_summary)
 
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from matplotlib.figure import Figure
 
 from microbench import roofline
-from microbench.plots.claims import gap_claim, products, roofline_claim, short_reason
+from microbench.plots.claims import backends, gap_claim, roofline_claim, short_reason
 from microbench.plots.common import (
     PALETTE,
     SUSPECT_COLOR,
@@ -235,7 +235,7 @@ def phases_roofline_figure(results: Sequence[dict], title: str | None = None) ->
     prefill = next((p["context"] for p in points if p["phase"] == "prefill"), "?")
     decode = next((p["context"] for p in points if p["phase"] != "prefill"), "?")
     lines = [roofline_claim(points), f"Batch 1; prefill of {prefill} tokens; decode at "
-             f"context {decode}; weight products: {products(points)}.  Error bars: p10-p90."]
+             f"context {decode}; backend: {backends(points)}.  Error bars: p10-p90."]
     # wrapped: the legend's width (its roofs name their programs) decides the axes' width
     ax.set_title("\n".join(textwrap.fill(line, 100) for line in lines), fontsize=10)
     fig.legend(*ax.get_legend_handles_labels(), loc="outside right upper", ncol=1,
@@ -271,8 +271,8 @@ def gap_figure(results: Sequence[dict], title: str | None = None) -> Figure:
     ax.set_xticks(range(len(variants)), variants, rotation=20)
     ax.set_xlabel("Attention variant / FFN (batch 1)")
     ax.set_ylabel("Measured / predicted throughput (1 = on the roof)")
-    ax.set_title(gap_claim([p["measured_over_predicted"] for p in pts]) + "\nWeight products: "
-                 + products(pts) + ".", fontsize=10)
+    ax.set_title(gap_claim([p["measured_over_predicted"] for p in pts]) + "\nBackend: "
+                 + backends(pts) + ".", fontsize=10)
     ax.legend(frameon=False, fontsize=9)
     fig.suptitle(title or f"How close each phase gets to this machine's roofline "
                  f"({result['machine']})", fontsize=14)

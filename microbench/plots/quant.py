@@ -20,9 +20,20 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
-from microbench.plots.common import PALETTE, fmt_si, new_figure, redraw_main, save, styled
+from microbench.plots.common import (
+    PALETTE,
+    check_kind,
+    fmt_si,
+    md_table,
+    new_figure,
+    num,
+    redraw_main,
+    save,
+    styled,
+    times,
+    wall_time,
+)
 from microbench.plots.serving import _note, machine_name
-from microbench.plots.speculative import num, times
 
 FILE = "quant.png"
 COMMAND = "python -m microbench quant"
@@ -459,17 +470,11 @@ def quant_figure(result: dict):
 
 def draw_quant(result: dict, out_dir: str | Path) -> list[Path]:
     """Write quant.png into out_dir; return its path in a list."""
-    if not isinstance(result, dict) or result.get("kind", "quant") != "quant":
-        raise ValueError("not a quant result: expected a dict with kind 'quant'")
+    check_kind(result, "quant")
     return [save(quant_figure(result), Path(out_dir) / FILE)]
 
 
 # ------------------------------------------------------------------ the summary
-
-def _table(header: list[str], rows: list[list]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *["| " + " | ".join(str(c) for c in row) + " |" for row in rows]]
-
 
 def quant_summary(result: dict) -> str:
     f = result.get("formulations") or {}
@@ -483,7 +488,7 @@ def quant_summary(result: dict) -> str:
     row_counts = sorted({r["rows"] for r in _forms(result)})
     lines += [f"{formulation_claim(result, m)}." for m in row_counts] or ["none measured."]
     lines += [""]
-    lines += _table(["formulation", "format", "rows", "refmodel uses", "stored MB", "ms",
+    lines += md_table(["formulation", "format", "rows", "refmodel uses", "stored MB", "ms",
                      "GB/s", "speedup"],
                     [[r["name"], r["format"], r["rows"], "yes" if r.get("used") else "no",
                       _mb(r.get("stored_bytes")), _ms(r.get("seconds")),
@@ -505,27 +510,25 @@ def quant_summary(result: dict) -> str:
         if predicted:
             row.append(_pct(r.get("measured_over_predicted")))
         table.append(row)
-    lines += [""] + _table(header, table)
+    lines += [""] + md_table(header, table)
     roof = _memory_roof(result)
     lines += ["", "memory roof: " + (f"{fmt_si(roof[0], 'B/s')} ({roof[1]}); measured / "
                                      f"predicted = (counted bytes / roof) / measured time"
                                      if roof else "none recorded (no prediction)")]
     lines += ["", f"## quality: {_model_line(result)}, {q.get('metric', '?')}", "",
               f"{quality_claim(result)}.", f"{kv_quality_claim(result)}.", ""]
-    lines += _table(["weights", "KV", "bits/byte", "delta", "logit error", "weight MB",
+    lines += md_table(["weights", "KV", "bits/byte", "delta", "logit error", "weight MB",
                      "KV bytes/token"],
                     [[fmt_name(r.get("weight_format")), fmt_name(r.get("kv_format")),
                       f"{r['bits_per_byte']:.4f}", _signed(r.get("delta_bits_per_byte")),
                       _pct(r.get("logit_error")), _mb(r.get("weight_bytes")),
                       num(r.get("kv_bytes_per_token"))]
                      for r in _quality(result)])
-    if result.get("wall_s") is not None:
-        lines += ["", f"wall time {num(result['wall_s'])} s."]
+    lines += wall_time(result)
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
     return redraw_main(argv, "quant", draw_quant, quant_summary)
 
 

@@ -149,7 +149,7 @@ def roofline_figure(results: Sequence[dict], title: str | None = None) -> Figure
     """Log-log roofline of one or more result objects (several machines on one chart)."""
     results = [r for r in results if r.get("kind", KIND_PEAKS) == KIND_PEAKS]
     if not results:
-        raise ValueError("no peaks result among the files (kind 'microbench.peaks')")
+        raise ValueError("no peaks result among the files (kind 'microbench.roofs.peaks')")
     fig, ax = new_figure(13.0, 10.0)
     color_of = colors(len(results))
     for i, result in enumerate(results):

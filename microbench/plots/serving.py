@@ -9,7 +9,6 @@ only (no JAX): `python -m microbench.plots.serving serve.json [out_dir]` redraws
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -441,7 +440,6 @@ def serving_summary(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
     return redraw_main(argv, "serving", draw_serving, serving_summary)
 
 

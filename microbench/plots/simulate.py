@@ -6,21 +6,28 @@ disaggregation (AFD) and SRAM-only chips.
 Every title states what the plotted numbers show, computed here from the JSON (the PD winner
 per rate by `pd_claim`); every paper figure states its assumptions (device, precision,
 parallelism, link) from the result's own "assumptions" blocks. The paper numbers are roofline
-bounds of the design (microbench.scale), not measurements, and the figures say so. Imports
+bounds of the design (microbench.studies.scale), not measurements, and the figures say so. Imports
 matplotlib, numpy and microbench.plots.common only (no JAX): `python -m
 microbench.plots.simulate simulate.json [out_dir]` redraws a saved result.
 """
 
 from __future__ import annotations
 
-import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from microbench.plots.common import PALETTE, new_figure, redraw_main, save, styled
+from microbench.plots.common import (
+    PALETTE,
+    check_kind,
+    md_table,
+    new_figure,
+    redraw_main,
+    save,
+    styled,
+)
 from microbench.plots.serving import _note, _num, machine_name
 
 FILES = {"check": "simulate_check.png", "scale": "simulate_scale.png",
@@ -446,18 +453,12 @@ FIGURES = {"check": check_figure, "scale": scale_figure, "pd": pd_figure, "afd":
 
 def draw_simulate(result: dict, out_dir: str | Path) -> list[Path]:
     """Write the figures of the parts the result holds into out_dir; return their paths."""
-    if not isinstance(result, dict) or result.get("kind", "simulate") != "simulate":
-        raise ValueError("not a simulate result: expected a dict with kind 'simulate'")
+    check_kind(result, "simulate")
     out_dir = Path(out_dir)
     return [save(FIGURES[k](result), out_dir / FILES[k]) for k in _parts(result)]
 
 
 # ------------------------------------------------------------------ the summary
-
-def _table(header: list[str], rows: list[list]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *["| " + " | ".join(str(c) for c in row) + " |" for row in rows]]
-
 
 def check_summary(check: dict) -> list[str]:
     errors, goals = check.get("errors") or {}, check.get("goals") or {}
@@ -469,7 +470,7 @@ def check_summary(check: dict) -> list[str]:
             for p, label, _ in PREDICTORS if p in errors]
     rows.append(["goal", "", *[f"<= {pct(goals.get(k))}" for k, _ in METRICS], "", "", "",
                  ""])
-    lines = ["## Simulator vs engine (MAPE)", "", *_table(head, rows), ""]
+    lines = ["## Simulator vs engine (MAPE)", "", *md_table(head, rows), ""]
     ee = errors.get("engine_vs_engine")
     lines.append("Engine noise floor (two runs of one trace, " + (
         f"{ee['runs']} traces): " + ", ".join(f"{n} {pct(ee.get(k))}" for k, n in METRICS)
@@ -478,7 +479,7 @@ def check_summary(check: dict) -> list[str]:
           if p in errors for m, v in (errors[p].get("by_model") or {}).items()]
     if by:
         lines += ["", "Per model (run means):", "",
-                  *_table(["model", "predictor", *[n for _, n in METRICS]], sorted(by))]
+                  *md_table(["model", "predictor", *[n for _, n in METRICS]], sorted(by))]
     return lines
 
 
@@ -500,7 +501,7 @@ def paper_summary(paper: dict) -> list[str]:
                 for m in paper["scale_out"]]
         lines += ["", "Scale-out ('" + paper["scale_out"][0]["mix"][0] + "' mix; "
                   + "; ".join(f"{m['model']}: {_assume(m['assumptions'])}"
-                              for m in paper["scale_out"]) + "):", "", *_table(
+                              for m in paper["scale_out"]) + "):", "", *md_table(
             ["model", "chips", "capacity (requests/s)", "best goodput/chip",
              "max tokens/s/chip", "max tokens/s/user"], rows)]
     pd = paper.get("pd") or {}
@@ -516,7 +517,7 @@ def paper_summary(paper: dict) -> list[str]:
         lines += ["", f"PD, {pd['model']} ({_assume(pd.get('assumptions') or {})}), "
                   f"'{m[0]}' ({m[1]} prompt / {m[2]} output; SLOs "
                   f"TTFT <= {_ms(mix['slo']['ttft_s'])}, TPOT <= {_ms(mix['slo']['tpot_s'])})"
-                  f": best {pd_claim(mix)}", "", *_table(
+                  f": best {pd_claim(mix)}", "", *md_table(
                       ["rate (requests/s)", "best design", "goodput/chip",
                        "best colocated goodput/chip"], rows)]
     if paper.get("afd"):
@@ -528,7 +529,7 @@ def paper_summary(paper: dict) -> list[str]:
                  r["batch"], "none fits", "-"] for r in paper["afd"]]
         a = next((r["assumptions"] for r in paper["afd"] if r.get("assumptions")), {})
         a = {k: v for k, v in a.items() if k != "weight_dtype"}  # per row: its own column
-        lines += ["", f"AFD vs colocated (tokens/s/chip ratio; {_assume(a)}):", "", *_table(
+        lines += ["", f"AFD vs colocated (tokens/s/chip ratio; {_assume(a)}):", "", *md_table(
             ["model", "FFN", "weights", "context", "batch/attention chip",
              "attention:FFN chips", "gain"], rows)]
     s = paper.get("sram") or {}
@@ -536,7 +537,7 @@ def paper_summary(paper: dict) -> list[str]:
         rows = [[r["model"], r["chip"], f"{r['chips']:,}", f"{r['weight_chips']:,}"]
                 for r in s["chips_needed"]]
         a = (s.get("pareto") or {}).get("assumptions") or {}
-        lines += ["", f"SRAM chips to hold each model ({_assume(a)}):", "", *_table(
+        lines += ["", f"SRAM chips to hold each model ({_assume(a)}):", "", *md_table(
             ["model", "chip", "chips (weights + KV)", "chips (weights)"], rows)]
     h = s.get("heterogeneous") or {}
     if h:
@@ -558,7 +559,6 @@ def simulate_summary(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
     return redraw_main(argv, "simulate", draw_simulate, simulate_summary)
 
 

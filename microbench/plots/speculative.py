@@ -18,7 +18,19 @@ import numpy as np
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
-from microbench.plots.common import PALETTE, fmt_si, new_figure, redraw_main, save, styled
+from microbench.plots.common import (
+    PALETTE,
+    check_kind,
+    fmt_si,
+    md_table,
+    new_figure,
+    num,
+    redraw_main,
+    save,
+    styled,
+    times,
+    wall_time,
+)
 from microbench.plots.serving import _note, machine_name
 
 FILE = "speculative.png"
@@ -29,23 +41,6 @@ SMALL = {"fontsize": 9, "color": "0.3"}
 
 
 # ------------------------------------------------------------------ formatting
-
-def num(value, digits: int = 3) -> str:
-    """1212.06 -> '1,212'; 0.84615 -> '0.846'; 1.0 -> '1.00'; None -> 'n/a'."""
-    if value is None:
-        return "n/a"
-    value = float(value)
-    if not np.isfinite(value):
-        return "n/a"
-    if abs(value) >= 10 ** (digits - 1):
-        return f"{value:,.0f}"
-    return f"{value:#.{digits}g}"
-
-
-def times(value) -> str:
-    """1.6067 -> '1.61x'; None -> 'n/a'."""
-    return "n/a" if value is None else f"{num(value)}x"
-
 
 def _ms(seconds) -> str:
     return "n/a" if seconds is None else f"{num(seconds * 1e3)} ms"
@@ -354,17 +349,11 @@ def speculative_figure(result: dict):
 
 def draw_speculative(result: dict, out_dir: str | Path) -> list[Path]:
     """Write speculative.png into out_dir; return its path in a list."""
-    if not isinstance(result, dict) or result.get("kind", "speculative") != "speculative":
-        raise ValueError("not a speculative result: expected a dict with kind 'speculative'")
+    check_kind(result, "speculative")
     return [save(speculative_figure(result), Path(out_dir) / FILE)]
 
 
 # ------------------------------------------------------------------ the summary
-
-def _table(header: list[str], rows: list[list]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *["| " + " | ".join(str(c) for c in row) + " |" for row in rows]]
-
 
 def _spread(r: dict) -> str:
     rounds = r.get("speedup_rounds") or []
@@ -391,7 +380,7 @@ def speculative_summary(result: dict) -> str:
              num(r.get("tokens_per_pass")), times(r.get("speedup")), _spread(r),
              times(r.get("predicted")), times(r.get("standard"))]
             for d in _drafters(result) for r in _rows(result, d)]
-    lines += _table(["drafter", "k", "acceptance a", "tokens / target pass", "measured speedup",
+    lines += md_table(["drafter", "k", "acceptance a", "tokens / target pass", "measured speedup",
                      "min-max over rounds", "predicted (this loop)", "standard formula"], rows)
     s = result.get("sampled")
     if s:
@@ -414,7 +403,7 @@ def speculative_summary(result: dict) -> str:
         rows.append(["plain decode (0)" if p["k"] == 0 else p["k"], _ms(p.get("seconds")),
                      num(v), num(p.get("intensity")), fmt_si(p["flops_per_s"], "FLOP/s"),
                      "n/a" if roof is None else f"{p['flops_per_s'] / roof:.1%}"])
-    lines += _table(["k", "verify time", "verify / decode (v_k)", "intensity (FLOP/B)",
+    lines += md_table(["k", "verify time", "verify / decode (v_k)", "intensity (FLOP/B)",
                      "FLOP/s", "of the roof"], rows)
     lines += ["", "roofs: " + (f"{fmt_si(roofs['compute'], 'FLOP/s')}, "
                                f"{fmt_si(roofs['memory'], 'B/s')} from {roofs.get('source')}"
@@ -426,15 +415,13 @@ def speculative_summary(result: dict) -> str:
              times(r.get("predicted_speedup")), num(r.get("decode_intensity")),
              num(r.get("verify_intensity"))]
             for r in sorted(result.get("batch") or [], key=lambda r: r["batch"])]
-    lines += _table(["batch", "verify / decode", "draft / decode", "predicted speedup",
+    lines += md_table(["batch", "verify / decode", "draft / decode", "predicted speedup",
                      "decode intensity", "verify intensity"], rows)
-    if result.get("wall_s") is not None:
-        lines += ["", f"wall time {num(result['wall_s'])} s."]
+    lines += wall_time(result)
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
     return redraw_main(argv, "speculative", draw_speculative, speculative_summary)
 
 

@@ -1,7 +1,7 @@
 """The sweep figures (batch.png, throughput.png, crossover.png, kv_cache.png): drawn from a
 phases result (schema.KIND_PHASES) only, without JAX.
 
-The measured batch and context sweeps of microbench.sweeps beside the modelled series of
+The measured batch and context sweeps of microbench.phases.sweeps beside the modelled series of
 spec-database devices (the scaling book's inference chapter for throughput vs interactivity).
 Titles come from microbench.plots.claims; measured points carry the marks of
 microbench.plots.points.Notes; on modelled panels a marker says which roof bounds each point

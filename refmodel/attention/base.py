@@ -85,7 +85,7 @@ class AttentionLayer(nnx.Module):
     """Base class documenting the interface; see the module docstring."""
 
     capacity_bound: ClassVar[bool] = True
-    # {option-set label: sweeps of `microbench.sweeps` that measure it besides the full
+    # {option-set label: sweeps of `microbench.phases.sweeps` that measure it besides the full
     # roofline sweep: "context" (full run), "quick" and "quick context" (`--quick`)}
     MEASURE: ClassVar[dict[str, tuple[str, ...]]] = {}
     # Ops of `costs` that only this implementation executes, which an engine built for the
@@ -130,12 +130,6 @@ class AttentionLayer(nnx.Module):
 
     def __call__(self, x: jax.Array, start: jax.Array, cache):
         raise NotImplementedError
-
-    def reads_pages(self) -> bool:
-        """Whether a decode call (one token per row) takes the serving engine's pages in place,
-        a `refmodel.kernels.pages.PagedKV`, instead of its contiguous cache (default: no; the
-        engine then gathers the pages into a contiguous view for it)."""
-        return False
 
     def verify(self, x: jax.Array, start: jax.Array, cache):
         """The call, plus the per-position snapshots `rollback` needs (default: None)."""

@@ -3,9 +3,7 @@
 RoPE is the rotate-half form of Su et al. 2021 ("RoFormer") as Llama and Hugging Face apply
 it, optionally on the first `rotary_dim` channels only (partial rotary). The grouped core is
 the scaling book's GQA einsum: queries [B, T, K, G, H] against keys [B, K, S, H]. Caches are
-head-major, [B, K, S, H], so both products take batch dims (B, K) leading and contract over a
-contiguous axis: with a [B, S, K, H] cache XLA:CPU transposed (copied) the whole cache on
-every decode step.
+head-major, [B, K, S, H]: each (sequence, KV head) reads its keys as one contiguous block.
 """
 
 from __future__ import annotations
@@ -13,9 +11,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from refmodel.kernels.rows import Panels
+from refmodel import ops
 from refmodel.layers import SOFTMAX_FLOPS, soft_cap
-from refmodel.quant import cache_store, dense
+from refmodel.quant import cache_store
 
 NEG_INF = -1e30  # finite, so a fully masked row would give a uniform softmax, not NaN
 # FLOPs per attention score of `attend`: scale, mask select, then the row softmax.
@@ -25,26 +23,15 @@ SINK_FLOPS = 3
 # `rope`: 2 multiplies and 1 add per rotated channel.
 ROPE_FLOPS = 3
 
-# The named scope of a kernel that computes scores, softmax and values in one pass (the native
-# decode attention): the ops it holds, joined by "+" (microbench.breakdown charges its time
-# and their counted cost to one row).
-KERNEL_SCOPE = "attn_scores+attn_softmax+attn_values"
-
-
 def to_heads(x: jax.Array, w) -> jax.Array:
     """x [..., D] times w [D, *outputs] -> [..., *outputs] (MLA's wq [D, N, H], the sparse
-    indexer's weights): the native kernel's product where w is stored in its panels (a native
-    model, `kernels.convert`), else XLA's over the float weight."""
-    if isinstance(w, Panels):
-        return (x @ w).reshape(*x.shape[:-1], *(w.declared or w.shape)[1:])
-    return jnp.tensordot(x, dense(w), axes=1)
+    indexer's weights), whatever type stores w (`ops.contract`)."""
+    return ops.contract(x, w, 1)
 
 
 def from_heads(o: jax.Array, w) -> jax.Array:
     """o [B, T, N, U] times w [N, U, D] -> [B, T, D], as `to_heads`."""
-    if isinstance(w, Panels):
-        return o.reshape(*o.shape[:-2], -1) @ w
-    return jnp.einsum("BTNU,NUD->BTD", o, dense(w))
+    return ops.contract(o, w, 2)
 
 
 def positions_of(start: jax.Array, T: int) -> jax.Array:
@@ -63,11 +50,9 @@ def write_at(cache, new: jax.Array, start: jax.Array, axis: int):
     at the same index: the scale lacks only the last axis, never the token axis.
 
     A scalar start writes every row at the same offset: one dynamic_update_slice. A start per
-    sequence [B] writes row by row, one dynamic_update_slice per row in a `fori_loop`. Written
-    as one scatter (`.at[rows, :, cols].set` or a vmapped slice), XLA:CPU kept some caches out
-    of place: the `medium` decode step at batch 1 needed 55 MB more temporaries and ran ~12%
-    slower than with a scalar start. The loop compiles to the scalar path's program at batch 1
-    and to the same bytes at batch 8."""
+    sequence [B] writes row by row, one dynamic_update_slice per row in a `fori_loop`: as one
+    scatter XLA:CPU kept some caches out of place (a copy of the cache per step), while the
+    loop updates the cache where it lies, as the scalar path does."""
     start = jnp.asarray(start, jnp.int32)
     return jax.tree.map(lambda c, n: _write_leaf(c, n, start, axis), cache,
                         cache_store(new, cache))
@@ -90,12 +75,11 @@ def rope_table(positions: jax.Array, rotary_dim: int,
                theta: float) -> tuple[jax.Array, jax.Array]:
     """cos and sin of every position's angles, [T or B T, rotary_dim / 2] each, computed once.
 
-    XLA:CPU fuses elementwise producers into their consumers, transcendental ones too, and
-    drops `optimization_barrier` before fusing: written plainly, every element of q and k
-    recomputed its own cos and sin (a `medium` prefill of 512 tokens: 6.4-7.1 ms per layer for
-    q's and k's RoPE, 2-core Xeon, 2026-12-03). A product with the identity is an op XLA does
-    not fuse into an elementwise loop, so the table is written once and read by both: 1.1-1.3
-    ms, the same numbers (`precision="highest"`: exact in float32 on every backend)."""
+    XLA fuses elementwise producers into their consumers, transcendental ones too: written
+    plainly, every element of q and k would recompute its own cos and sin, several times the
+    RoPE's own work. A product with the identity is an op XLA does not fuse into an
+    elementwise loop, so the table is written once and read by both (`precision="highest"`:
+    exact in float32 on every backend); its FLOPs are counted (`rope_table_flops`)."""
     half = rotary_dim // 2
     freqs = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)  # [rotary_dim / 2]
     angles = positions.astype(jnp.float32)[..., None] * freqs  # [T or B T, rotary_dim / 2]
@@ -138,141 +122,29 @@ def causal_mask(q_pos: jax.Array, k_pos: jax.Array, window: int | None = None) -
     return mask
 
 
-# Queries per block of the prefill core. A `medium` prefill of 1024 tokens holds its scores
-# [B, K, G, T, S] in 64 MiB, written and read back by the mask, the softmax and the values
-# product; in blocks of 256 queries each block's are 16 MiB, and the whole prefill ran
-# ~10% faster than with blocks of 512 (blocks of 128: within the noise of 256).
-QUERY_BLOCK = 256
-# Decode batches up to this take `attend_one_summed` over a just-written cache. Batch 1 must
-# (the einsum copies every cache 4 times there); above it the einsum copies nothing and the
-# two forms ran even or split (llama-309m, native products, 2-core Zen 4, 7 interleaved calls:
-# summed / einsum at context 128, batch 2 / 4 / 8: 1.02 / 1.01 / 0.93; context 1024, batch
-# 2 / 8: 1.03 / 0.97), so the einsum keeps them.
-SUMMED_BATCH = 1
-
-
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
-           softcap: float | None = None, sinks: jax.Array | None = None,
-           written: bool = False) -> jax.Array:
-    """Softmax attention of q [B, T, K, G, H] over k [B, K, S, H], v [B, K, S, U] (U: value
-    head dim, H except in MLA).
+           softcap: float | None = None, sinks: jax.Array | None = None) -> jax.Array:
+    """Softmax attention of q [B, T, K, G, H] over k [B, K, S, H] and v [B, K, S, U] (U: the
+    value head dim, H except in MLA), where mask [T, S] or [B, T, S] is True -> [B, T, K, G, U].
 
-    mask is [T, S] or [B, T, S]; sinks, if given, is one learned logit per head [K, G] that
-    joins the softmax denominator but carries no value (gpt-oss). Returns [B, T, K, G, U].
-
-    One query with G > 1 (GQA, MQA decode) goes to `attend_one`, or, at batch 1 when k and v
-    are the caches this step has just written (`written`: a decode step's own cache, not
-    gathered or concatenated keys), to `attend_one_summed`. Longer query runs (prefill)
-    go through `attend_rows` in blocks of QUERY_BLOCK queries, each block exact (every block
-    sees all S keys, so no running max is needed) and its output concatenated along T.
-    """
-    if q.shape[1] == 1 and q.shape[3] > 1:
-        one = attend_one_summed if written and q.shape[0] <= SUMMED_BATCH else attend_one
-        return one(q, k, v, mask, scale, softcap, sinks)
-    T = q.shape[1]
-    if T <= QUERY_BLOCK:
-        return attend_rows(q, k, v, mask, scale, softcap, sinks)
-    return jnp.concatenate([
-        attend_rows(q[:, i:i + QUERY_BLOCK], k, v, mask[..., i:i + QUERY_BLOCK, :], scale,
-                    softcap, sinks)
-        for i in range(0, T, QUERY_BLOCK)], axis=1)
-
-
-def attend_rows(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
-                softcap: float | None = None, sinks: jax.Array | None = None) -> jax.Array:
-    """`attend` for one block of queries, as K batched GEMMs whose rows are the G x T query
-    rows of one KV head (M = G*T): q is laid out [B, K, M, H] so the scores
-    [B, K, M, S] are the product's natural output and the softmax runs over their last,
-    contiguous axis.
-    Written as one einsum to [B, K, G, T, S] over q [B, T, K, G, H], XLA:CPU computed the
-    scores as [K, S, G*T] and transposed them (and the probabilities) through memory.
-    With G = 1 (MHA, MLA naive) a multiply-and-sum hit a slow path, 40x slower than the
-    einsum (K = 8, S = 4K, H = 32: 3.8 ms vs 0.09 ms), so the products stay einsums."""
-    B, T, K, G, H = q.shape
-    S = k.shape[2]
+    The G query heads of a group share their KV head: the scaling book's GQA einsum. sinks,
+    if given, are one learned logit per head [K, G] that joins the softmax's denominator but
+    carries no value (gpt-oss); softcap is Gemma 2's tanh cap on the scores."""
     with jax.named_scope("attn_scores"):
-        qr = q.transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, H)  # [B, K, M, H]
-        s = jnp.einsum("BKMH,BKSH->BKMS", qr, k).reshape(B, K, G, T, S) * scale
+        s = jnp.einsum("BTKGH,BKSH->BKGTS", q, k) * scale  # [B, K, G, T, S]
         if softcap is not None:
             s = soft_cap(s, softcap)
-        m = mask[:, None, None] if mask.ndim == 3 else mask
-        s = jnp.where(m, s, NEG_INF)  # [B, K, G, T, S]
+        s = jnp.where(mask[:, None, None] if mask.ndim == 3 else mask, s, NEG_INF)
     with jax.named_scope("attn_softmax"):
-        if sinks is not None:
-            sink = jnp.broadcast_to(sinks[None, :, :, None, None], s.shape[:-1] + (1,))
-            p = jax.nn.softmax(jnp.concatenate([s, sink.astype(s.dtype)], axis=-1), axis=-1)
-            p = p[..., :-1]
-        else:
-            p = jax.nn.softmax(s, axis=-1)
+        p = softmax(s, None if sinks is None else sinks[None, :, :, None, None])
     with jax.named_scope("attn_values"):
-        p = p.astype(v.dtype).reshape(B, K, G * T, S)
-        o = jnp.einsum("BKMS,BKSU->BKMU", p, v)  # [B, K, M, U]
-        return o.reshape(B, K, G, T, -1).transpose(0, 3, 1, 2, 4)  # [B, T, K, G, U]
+        return jnp.einsum("BKGTS,BKSU->BTKGU", p.astype(v.dtype), v)  # [B, T, K, G, U]
 
 
-def attend_one(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
-               softcap: float | None = None, sinks: jax.Array | None = None) -> jax.Array:
-    """`attend` for one query per sequence with G > 1 (GQA, MQA decode), scores kept as
-    [B, K, S, G]: the cache is the GEMM's tall operand (S rows), the few query heads its
-    columns. Written with the scores as [B, K, G, S], XLA:CPU ran the batched product with
-    G rows (1-8) on a slow path, and an earlier broadcast multiply-and-sum (one pass, no
-    cache copy) was handed to a library fusion that ran at ~1 GB/s: on `bench`, decode at
-    batch 64 and context 1024 took 427-490 ms with it and 157-220 ms with this form (batch 1:
-    the same). XLA's simplifier folds a transpose of the scores back into the slow
-    orientation, so mask, softmax (over S, axis 2) and the values product all keep this
-    layout. Returns [B, 1, K, G, U]."""
-    with jax.named_scope("attn_scores"):
-        s = jnp.einsum("BKSH,BKGH->BKSG", k, q[:, 0]) * scale  # [B, K, S, G]
-        if softcap is not None:
-            s = soft_cap(s, softcap)
-        m = mask[..., 0, :]  # [S] or [B, S]: the one query's row
-        m = m[None, None, :, None] if m.ndim == 1 else m[:, None, :, None]
-        s = jnp.where(m, s, NEG_INF)
-    with jax.named_scope("attn_softmax"):
-        if sinks is not None:
-            sink = jnp.broadcast_to(sinks[None, :, None, :], s.shape[:2] + (1, s.shape[3]))
-            p = jax.nn.softmax(jnp.concatenate([s, sink.astype(s.dtype)], axis=2), axis=2)
-            p = p[:, :, :-1]
-        else:
-            p = jax.nn.softmax(s, axis=2)
-    with jax.named_scope("attn_values"):
-        return jnp.einsum("BKSG,BKSU->BKGU", p.astype(v.dtype), v)[:, None]  # [B, 1, K, G, U]
-
-
-def attend_one_summed(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
-                      softcap: float | None = None,
-                      sinks: jax.Array | None = None) -> jax.Array:
-    """`attend_one` at batch 1 over a cache just written in place: both products as a
-    broadcast multiply and a sum (accumulated in float32 at least, as a dot does), scores
-    [1, K, G, S]. Returns [1, 1, K, G, U].
-
-    At batch 1 XLA:CPU (jax 0.10.2) drops the batch axis of a dot's operands through a
-    bitcast; a bitcast of the freshly written cache made its fusion pass emit the write twice
-    (one fusion feeding the dot, one for the returned cache) and copy insertion then copied
-    every K and V cache 4 times per step (tests/test_cache_in_place.py). A reduce fusion
-    takes the written cache directly: no copy. llama-309m, context 2048: a decode step of
-    61 ms against 98-146 ms with the copies (best of 10, on a machine shared with other runs).
-    The einsums read the cache ~2-3x faster per byte (0.10 vs 0.30 ms for the scores of one
-    [4, 2049, 64] cache), so batch 2 and up, which never copied, keep them. G > 1 only: with
-    one query head per KV head (G = 1) the same sum ran ~50x slower than the einsum (K = 8,
-    S = 4K, H = 32: 3.8 ms vs 0.07 ms), so MHA keeps its copies."""
-    acc = jnp.promote_types(jnp.result_type(q, k), jnp.float32)
-    with jax.named_scope("attn_scores"):
-        qk = q[:, 0, :, :, None, :].astype(acc) * k[:, :, None].astype(acc)  # [1, K, G, S, H]
-        s = jnp.sum(qk, axis=-1).astype(jnp.result_type(q, k)) * scale  # [1, K, G, S]
-        if softcap is not None:
-            s = soft_cap(s, softcap)
-        m = mask[..., 0, :]  # [S] or [1, S]: the one query's row
-        m = m[None, None, None, :] if m.ndim == 1 else m[:, None, None, :]
-        s = jnp.where(m, s, NEG_INF)
-    with jax.named_scope("attn_softmax"):
-        if sinks is not None:
-            sink = jnp.broadcast_to(sinks[None, :, :, None], s.shape[:3] + (1,))
-            p = jax.nn.softmax(jnp.concatenate([s, sink.astype(s.dtype)], axis=-1), axis=-1)
-            p = p[..., :-1]
-        else:
-            p = jax.nn.softmax(s, axis=-1)
-    with jax.named_scope("attn_values"):
-        p = p.astype(v.dtype)
-        pv = p[..., None].astype(acc) * v[:, :, None].astype(acc)  # [1, K, G, S, U]
-        return jnp.sum(pv, axis=3).astype(jnp.result_type(p, v))[:, None]  # [1, 1, K, G, U]
+def softmax(s: jax.Array, sink: jax.Array | None = None) -> jax.Array:
+    """Softmax over the last axis; a sink logit (broadcast to s's rows) joins each row's
+    denominator and is dropped from the result."""
+    if sink is None:
+        return jax.nn.softmax(s, axis=-1)
+    sink = jnp.broadcast_to(sink, s.shape[:-1] + (1,)).astype(s.dtype)
+    return jax.nn.softmax(jnp.concatenate([s, sink], axis=-1), axis=-1)[..., :-1]

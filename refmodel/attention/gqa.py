@@ -16,26 +16,26 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from refmodel.attention import register
+from refmodel import ops
 from refmodel.attention.base import AttentionLayer
 from refmodel.attention.common import (
     ATTN_SOFTMAX_FLOPS,
-    KERNEL_SCOPE,
     ROPE_FLOPS,
     SINK_FLOPS,
     attend,
     causal_mask,
+    from_heads,
     positions_of,
     rope_pair,
     rope_table_flops,
+    to_heads,
     write_at,
 )
 from refmodel.config import ModelConfig
 from refmodel.counting import Cost, Dtypes, matmul
-from refmodel.kernels.pages import PagedKV
-from refmodel.kernels.prefill import attend_rows
 from refmodel.layers import NORM_FLOPS, SIGMOID_FLOPS, SOFTCAP_FLOPS, param, zeros
 from refmodel.quant import cache_read, cache_zeros
+from refmodel.registry import register
 
 # Per-head RMSNorm on q and k (Qwen3, Gemma 3), per element.
 QK_NORM_FLOPS = NORM_FLOPS["rmsnorm"]
@@ -77,24 +77,22 @@ class GroupedQueryAttention(AttentionLayer):
     """Softmax attention with K key/value heads shared by groups of G query heads."""
 
     MEASURE = {"mha": ("context",), "gqa": ("context", "quick", "quick context")}
-    MATRICES = {"wq": (0, 1), "wk": (0, 1), "wv": (0, 1), "wo": (0, 1), "wg": (0, 1)}
+    # {weight: (stacked axes, input axes)}: wo [N, H, D] takes two input axes
+    MATRICES = {"wq": (0, 1), "wk": (0, 1), "wv": (0, 1), "wo": (0, 2), "wg": (0, 1)}
 
     def __init__(self, cfg: ModelConfig, *, kind: str, rngs: nnx.Rngs):
         D, N, H, K = cfg.d_model, cfg.n_heads, cfg.resolved_head_dim, kv_heads(cfg, kind)
         dtype = jnp.dtype(cfg.dtype)
         self.cfg, self.K = cfg, K
-        # Weights are 2-D, [in, out] with the heads folded into one axis: XLA:CPU runs a
-        # matrix-vector product over a [D, N*H] matrix in place, while an einsum against a
-        # [N, H, D] weight made it transpose (copy) the weight on every decode step.
-        self.wq = param(rngs, (D, N * H), D, dtype)  # [D, N*H]
-        self.wk = param(rngs, (D, K * H), D, dtype)  # [D, K*H]
-        self.wv = param(rngs, (D, K * H), D, dtype)  # [D, K*H]
-        self.wo = param(rngs, (N * H, D), N * H, dtype)  # [N*H, D]
+        self.wq = param(rngs, (D, N, H), D, dtype)  # [D, N, H]
+        self.wk = param(rngs, (D, K, H), D, dtype)  # [D, K, H]
+        self.wv = param(rngs, (D, K, H), D, dtype)  # [D, K, H]
+        self.wo = param(rngs, (N, H, D), N * H, dtype)  # [N, H, D]
         if cfg.attn_bias:
             self.bq, self.bo = zeros((N, H), dtype), zeros((D,), dtype)
             self.bk, self.bv = zeros((K, H), dtype), zeros((K, H), dtype)
         if cfg.attn_out_gate:
-            self.wg = param(rngs, (D, N * H), D, dtype)  # [D, N*H]
+            self.wg = param(rngs, (D, N, H), D, dtype)  # [D, N, H]
         if cfg.qk_norm:
             self.q_norm = nnx.RMSNorm(H, epsilon=cfg.norm_eps, param_dtype=dtype, rngs=rngs)
             self.k_norm = nnx.RMSNorm(H, epsilon=cfg.norm_eps, param_dtype=dtype, rngs=rngs)
@@ -107,8 +105,8 @@ class GroupedQueryAttention(AttentionLayer):
         indexer is not listed: replicated."""
         tensor_heads(self.cfg.n_heads, self.K, mesh_shape.get("tensor", 1))
         kv = "tensor"
-        return {"wq": (None, "tensor"), "wk": (None, kv), "wv": (None, kv),
-                "wo": ("tensor", None), "wg": (None, "tensor"), "bq": ("tensor", None),
+        return {"wq": (None, "tensor", None), "wk": (None, kv, None), "wv": (None, kv, None),
+                "wo": ("tensor", None, None), "wg": (None, "tensor", None), "bq": ("tensor", None),
                 "bk": (kv, None), "bv": (kv, None), "sinks": ("tensor",)}
 
     @classmethod
@@ -131,11 +129,10 @@ class GroupedQueryAttention(AttentionLayer):
         (positions [T], or [B, T] for a position per sequence)."""
         cfg = self.cfg
         B, T, _ = x.shape
-        N, K, H = cfg.n_heads, self.K, cfg.resolved_head_dim
         with jax.named_scope("qkv_proj"):
-            q = (x @ self.wq[...]).reshape(B, T, N, H)
-            k = (x @ self.wk[...]).reshape(B, T, K, H)
-            v = (x @ self.wv[...]).reshape(B, T, K, H)
+            q = to_heads(x, self.wq[...])  # [B, T, N, H]
+            k = to_heads(x, self.wk[...])  # [B, T, K, H]
+            v = to_heads(x, self.wv[...])  # [B, T, K, H]
             if cfg.attn_bias:
                 q, k, v = q + self.bq[...], k + self.bk[...], v + self.bv[...]
         if cfg.qk_norm:
@@ -143,99 +140,53 @@ class GroupedQueryAttention(AttentionLayer):
         if cfg.position == "rope":
             with jax.named_scope("rope"):
                 q, k = rope_pair(q, k, positions, cfg.rotary_dim, cfg.rope_theta)
-        q = q.reshape(B, T, K, N // K, H)
+        q = q.reshape(B, T, self.K, -1, q.shape[-1])  # [B, T, K, G, H]: G heads per KV head
         return q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
     def output(self, x: jax.Array, o: jax.Array) -> jax.Array:
         """o [B, T, K, G, H] -> [B, T, D] (gated by x if the config says so)."""
         B, T, K, G, H = o.shape
-        o = o.reshape(B, T, K * G * H)  # [B, T, N*H]
+        o = o.reshape(B, T, K * G, H)  # [B, T, N, H]
         with jax.named_scope("out_proj"):
             if self.cfg.attn_out_gate:
-                o = o * jax.nn.sigmoid(x @ self.wg[...])
-            y = o @ self.wo[...]  # [B, T, D]
+                o = o * jax.nn.sigmoid(to_heads(x, self.wg[...]))
+            y = from_heads(o, self.wo[...])  # [B, T, D]
             return y + self.bo[...] if self.cfg.attn_bias else y
 
-    def core(self, q, k, v, mask, written: bool = False):
-        """`attend`; written=True when k, v are the caches this step has just written."""
-        sinks = None
-        if self.cfg.attn_sinks:
-            sinks = self.sinks[...].reshape(self.K, -1)  # [K, G]
-        return attend(q, k, v, mask, self.cfg.softmax_scale, self.cfg.attn_softcap, sinks,
-                      written)
+    @ops.op("gqa.attend")
+    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+        """Softmax attention with this layer's options (scale, soft-cap, sinks): q [B, T, K,
+        G, H] over k, v [B, K, S, H] where mask [T, S] or [B, T, S] -> [B, T, K, G, H]."""
+        sinks = self.sinks[...].reshape(self.K, -1) if self.cfg.attn_sinks else None  # [K, G]
+        return attend(q, k, v, mask, self.cfg.softmax_scale, self.cfg.attn_softcap, sinks)
 
-    @staticmethod
-    def plain_softmax(cfg: ModelConfig) -> bool:
-        """Float32 keys and values with a plain softmax (no soft-capping, no sinks): what the
-        native attention kernel computes."""
-        return (cfg.dtype == "float32" and cfg.kv_format == "none"
-                and cfg.attn_softcap is None and not cfg.attn_sinks)
+    @ops.op("gqa.attend_within")
+    def attend_within(self, q: jax.Array, k: jax.Array, v: jax.Array,
+                      positions: jax.Array) -> jax.Array:
+        """Causal attention of a chunk over its own keys (no cache, positions from 0)."""
+        return self.attend(q, k, v, causal_mask(positions, positions))
 
-    @classmethod
-    def kernel_attends(cls, cfg: ModelConfig) -> bool:
-        """A step attends in the native kernels (decode: `attend.cc`; a chunk of queries:
-        `attend_rows.cc`): a native model (`matmul="native"`) in their case
-        (`plain_softmax`)."""
-        return cfg.matmul == "native" and cls.plain_softmax(cfg)
+    @ops.op("gqa.write")
+    def write(self, cache: KVCache, k: jax.Array, v: jax.Array, start: jax.Array) -> KVCache:
+        """The chunk's keys and values k, v [B, K, T, H] into the cache from `start` (each row
+        at its own start if start is [B])."""
+        with jax.named_scope("kv_write"):
+            return KVCache(k=write_at(cache.k, k, start, 2), v=write_at(cache.v, v, start, 2))
 
-    def reads_pages(self) -> bool:
-        """The kernel's case (`plain_softmax`) in this class's own `__call__` (the sliding and
-        sparse variants override it): the engine hands such a layer its pages in place."""
-        return (type(self).__call__ is GroupedQueryAttention.__call__
-                and self.plain_softmax(self.cfg))
-
-    def attend_in_kernel(self, q: jax.Array, k: jax.Array, v: jax.Array,
-                         start: jax.Array) -> jax.Array:
-        """q [B, 1, K, G, H] over each row's first min(start + 1, S) slots of k, v [B, K, S,
-        H] (the cache as one page per sequence), in the native kernel -> [B, 1, K, G, H]."""
-        B, S = q.shape[0], k.shape[2]
-        # keys up to the query's own position; past the cache's end (a benchmark carrying its
-        # cache on), every key, as XLA's clamped write and mask do
-        lens = jnp.broadcast_to(jnp.minimum(start + 1, S), (B,))
-        return PagedKV(k, v, jnp.arange(B, dtype=jnp.int32)[:, None]).attend(
-            q, self.cfg.softmax_scale, lens)
-
-    def __call__(self, x: jax.Array, start: jax.Array, cache: KVCache | PagedKV | None):
-        positions = positions_of(start, x.shape[1])  # [T], or [B, T] for a start per row
-        q, k, v = self.project(x, positions)
-        if isinstance(cache, PagedKV):  # the serving engine's pages, read in place (decode)
-            cache = cache.write(k, v, start)
-            return self.output(x, cache.attend(q, self.cfg.softmax_scale, start + 1)), cache
-        B, T = x.shape[:2]
-        if cache is None:
-            if T > 1 and self.kernel_attends(self.cfg):  # key s is the chunk's token s
-                lens = jnp.broadcast_to(jnp.arange(1, T + 1, dtype=jnp.int32), (B, T))
-                with jax.named_scope(KERNEL_SCOPE):
-                    o = attend_rows(q, k, v, lens, self.cfg.softmax_scale)
-                return self.output(x, o), None
-            o = self.core(q, k, v, causal_mask(positions, positions))
-            return self.output(x, o), None
-        with jax.named_scope("kv_write"):  # each row's keys at its own start if start is [B]
-            cache = KVCache(k=write_at(cache.k, k, start, 2), v=write_at(cache.v, v, start, 2))
-        if T > 1 and self.kernel_attends(self.cfg):
-            # A native model's prefill chunk attends in the kernel too (kernels/prefill.py):
-            # each query over the cache's slots up to its own position; the scores of a block
-            # of queries stay in L2 (`medium`, T = S = 1024, one layer's attention on a 2-core
-            # Zen 5: 16.7-17.1 ms against XLA's 45-46; T = S = 256: 0.9-1.1 against 1.5-1.9).
-            S = cache.k.shape[2]
-            lens = jnp.broadcast_to(jnp.minimum(positions + 1, S), (B, T))
-            with jax.named_scope(KERNEL_SCOPE):
-                o = attend_rows(q, cache.k, cache.v, lens, self.cfg.softmax_scale)
-            return self.output(x, o), cache
-        if T == 1 and self.kernel_attends(self.cfg):
-            # A native model's decode attends in the kernel, its cache one page per sequence:
-            # llama-309m, 2-core Zen 4, step vs XLA's attention in the same model, interleaved,
-            # 3 rounds: context 128 batch 1 / 8 0.98-1.10x / 1.04-1.14x faster, context 1024
-            # 1.18-1.24x / 1.16-1.32x (one pass with an online softmax; XLA's scores, mask,
-            # softmax and values each go through memory). One kernel holds all three scopes
-            # (the scope's name lists them: microbench.breakdown charges it with all three).
-            with jax.named_scope(KERNEL_SCOPE):
-                o = self.attend_in_kernel(q, cache.k, cache.v, start)
-            return self.output(x, o), cache
+    @ops.op("gqa.attend_cache")
+    def attend_cache(self, q: jax.Array, cache: KVCache, positions: jax.Array) -> jax.Array:
+        """Attention of the queries at `positions` over every cached key up to their own."""
         k_pos = jnp.arange(cache.k.shape[2], dtype=jnp.int32)  # [S]
-        o = self.core(q, cache_read(cache.k, q.dtype), cache_read(cache.v, q.dtype),
-                      causal_mask(positions, k_pos), written=True)  # mask [T, S] or [B, T, S]
-        return self.output(x, o), cache
+        k, v = cache_read(cache.k, q.dtype), cache_read(cache.v, q.dtype)  # [B, K, S, H]
+        return self.attend(q, k, v, causal_mask(positions, k_pos))  # mask [T, S] or [B, T, S]
+
+    def __call__(self, x: jax.Array, start: jax.Array, cache: KVCache | None):
+        positions = positions_of(start, x.shape[1])  # [T], or [B, T] for a start per row
+        q, k, v = self.project(x, positions)  # [B, T, K, G, H], [B, K, T, H] x 2
+        if cache is None:  # causal attention within x
+            return self.output(x, self.attend_within(q, k, v, positions)), None
+        cache = self.write(cache, k, v, start)
+        return self.output(x, self.attend_cache(q, cache, positions)), cache
 
     @classmethod
     def init_cache(cls, cfg: ModelConfig, kind: str, batch: int, max_len: int) -> KVCache:

@@ -36,13 +36,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from refmodel.attention import register
+from refmodel import ops
 from refmodel.attention.base import AttentionLayer, float_cache_size
 from refmodel.attention.linear_scan import RULES, chunked, recurrent
 from refmodel.config import ModelConfig, one_of, positive
 from refmodel.counting import Cost, Dtypes, matmul
-from refmodel.kernels.recurrence import state_step
 from refmodel.layers import SIGMOID_FLOPS, SILU_FLOPS, SOFTPLUS_FLOPS, param, zeros
+from refmodel.registry import register
 
 STATE_BYTES = 4  # the recurrent state is kept in float32 whatever cfg.dtype
 L2_EPS = 1e-6  # q and k L2 normalisation (Gated DeltaNet), as fla / Hugging Face
@@ -78,13 +78,11 @@ def causal_conv(x, state, w):
 
     Tap Z-1 of w [X, Z] multiplies the current token (PyTorch's Conv1d with padding Z-1).
     Returns y [B, T, X] (no bias) and the new state, the last Z-1 inputs. Written as one
-    product over the stacked windows [B, T, Z, X] (Z shifted views of the input): XLA:CPU's
-    grouped convolution (`lax.conv_general_dilated`, feature_group_count = X) took 8.5 ms for
-    the bench linear prefill's [1, 256, 1536] with Z = 4, this 1.6 (2-core Zen 5; decode,
-    [8, 1, 1536]: ~140 against ~50 us beyond a call's dispatch). Not a sum of Z shifted
-    products, though 10x faster still: XLA fuses that elementwise chain into every consumer
-    of its output and recomputes it there (seven times over in prefill, at decode too, with
-    or without an optimization barrier), and its cost analysis moves 5-13% off ours."""
+    product over the stacked windows [B, T, Z, X] (Z shifted views of the input): XLA:CPU ran
+    the grouped convolution (`lax.conv_general_dilated`, feature_group_count = X) several
+    times slower. Not a sum of Z shifted products either: XLA fuses that elementwise chain
+    into every consumer of its output and recomputes it there, and its cost analysis then
+    moves off ours."""
     T, Z = x.shape[1], w.shape[1]
     xp = jnp.concatenate([state.astype(x.dtype), x], axis=1)  # [B, Z-1+T, X]
     windows = jnp.stack([xp[:, z:z + T] for z in range(Z)], axis=2)  # [B, T, Z, X]
@@ -257,11 +255,26 @@ class LinearAttention(AttentionLayer):
         rows = jnp.arange(keep.shape[0])
         return LinearCache(state=snaps.state[rows, keep - 1], conv=snaps.conv[rows, keep - 1])
 
-    @staticmethod
-    def kernel_steps(cfg: ModelConfig) -> bool:
-        """A decode step updates the state in the native kernel (`kernels/recurrence.cc`): a
-        native model (`matmul="native"`)."""
-        return cfg.matmul == "native"
+    @ops.op("linear.decode")
+    def decode(self, state, q, k, v, g, beta):
+        """One token per sequence by the recurrence: state [B, N, H, U] float32 -> (o [B, 1, K,
+        G, U], the state after [B, N, H, U])."""
+        B, N, H, U = state.shape
+        o, S = recurrent(self.rule, state.reshape(B, q.shape[2], -1, H, U), q, k, v, g, beta)
+        return o, S.reshape(B, N, H, U)
+
+    def scan(self, state, q, k, v, g, beta):
+        """A chunk of T tokens by the chunked form, as `decode` (o [B, T, K, G, U])."""
+        B, N, H, U = state.shape
+        o, S = chunked(self.rule, state.reshape(B, q.shape[2], -1, H, U), q, k, v, g, beta,
+                       self.cfg.linear_chunk)
+        return o, S.reshape(B, N, H, U)
+
+    def skip(self, o, v):
+        """Mamba-2's skip connection, o + D x (Gated DeltaNet has none)."""
+        if self.rule != "mamba2":
+            return o
+        return o + self.D[...].astype(jnp.float32).reshape(v.shape[2], -1, 1) * v
 
     def __call__(self, x: jax.Array, start: jax.Array, cache: LinearCache | None):
         """x [B, T, D] -> y [B, T, D]; `start` is unused: the state is the position. Every
@@ -278,26 +291,14 @@ class LinearAttention(AttentionLayer):
             xc, conv = causal_conv(xc, conv0, self.conv_w[...])
             q, k, v, g, beta = self.features(xc, ab)
         S0 = jnp.zeros((B, N, H, U), jnp.float32) if cache is None else cache.state
-        S0 = S0.reshape(B, K, N // K, H, U)
         decode = cache is not None and T == 1
         with jax.named_scope("state_update" if decode else "chunk_scan"):
-            if decode and self.kernel_steps(self.cfg):
-                # A native model's decode: the state read once and written in place
-                # (kernels/recurrence.cc), where XLA's batched one-row products streamed it
-                # at a quarter of the read roof.
-                f32 = (a[:, 0].astype(jnp.float32) for a in (q, k, v, g, beta))
-                o, S = state_step(cache.state, *f32, delta=self.rule == "gated_delta")
-                o = o[:, None]  # [B, 1, K, G, U]; S [B, N, H, U]
-            elif decode:
-                o, S = recurrent(self.rule, S0, q, k, v, g, beta)  # [B, 1, K, G, U]
-            else:
-                o, S = chunked(self.rule, S0, q, k, v, g, beta, self.cfg.linear_chunk)
-            if self.rule == "mamba2":
-                o = o + self.D[...].astype(jnp.float32).reshape(K, -1, 1) * v  # skip: D x
+            o, S = (self.decode if decode else self.scan)(S0, q, k, v, g, beta)
+            o = self.skip(o, v)  # [B, T, K, G, U]
         y = self.output(o.reshape(B, T, N, U), z, x.dtype)
         if cache is None:
             return y, None
-        return y, LinearCache(state=S.reshape(B, N, H, U), conv=conv.astype(cache.conv.dtype))
+        return y, LinearCache(state=S, conv=conv.astype(cache.conv.dtype))
 
     @classmethod
     def init_cache(cls, cfg: ModelConfig, kind: str, batch: int, max_len: int) -> LinearCache:

@@ -9,8 +9,8 @@ with the written value u_t (row vectors: q_t, k_t [H], v_t, u_t [U])
     Mamba-2 SSD (Dao & Gu 2024, arXiv:2405.21060):      u_t = beta_t v_t           (beta = dt)
     gated delta rule (Yang et al. 2024, 2412.06464):    u_t = beta_t (v_t - k_t a_t S_{t-1})
 
-`recurrent` runs it as written: O(H U) work per token, the decode step (a native model's
-decode runs the same step in `refmodel/kernels/recurrence.cc`, tested against this one).
+`recurrent` runs it as written: O(H U) work per token, the decode step (the native backend
+runs the same step in `refmodel/kernels/recurrence.cc`, tested against this one).
 `chunked` is the
 parallel form of prefill (Mamba-2's block decomposition; the WY / UT-transform form of
 Yang et al. 2024, "Parallelizing Linear Transformers with the Delta Rule over Sequence

@@ -50,11 +50,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from refmodel.attention import register
+from refmodel import ops
 from refmodel.attention.base import AttentionLayer
 from refmodel.attention.common import (
     ATTN_SOFTMAX_FLOPS,
-    KERNEL_SCOPE,
     NEG_INF,
     ROPE_FLOPS,
     attend,
@@ -68,15 +67,12 @@ from refmodel.attention.common import (
 )
 from refmodel.config import ModelConfig, non_negative, positive
 from refmodel.counting import Cost, Dtypes, matmul
-from refmodel.kernels.latent import attend_latent
 from refmodel.layers import NORM_FLOPS as _NORM_FLOPS
 from refmodel.layers import param
 from refmodel.quant import cache_read, cache_zeros, dense
+from refmodel.registry import register
 
 NORM_FLOPS = _NORM_FLOPS["rmsnorm"]  # the q and kv latent RMSNorms, per element
-# The native decode kernel holds both absorbs and the attention (microbench.breakdown charges
-# its one custom call with all four ops' counted cost)
-LATENT_SCOPE = "absorb+" + KERNEL_SCOPE
 
 
 @struct.dataclass
@@ -96,8 +92,7 @@ class MultiHeadLatentAttention(AttentionLayer):
     # wo [N, U, D] takes two input axes; the 3-D weights enter einsums dequantized.
     MATRICES = {"wq_a": (0, 1), "wq_b": (0, 1), "wq": (0, 1), "wkv_a": (0, 1), "wkv_b": (0, 1),
                 "wo": (0, 2)}
-    # A native model keeps wkv_b as declared: the decode kernel reads it in place (kernels/
-    # latent.cc), and the other forms slice it; the other matrices go to the kernel's panels.
+    # Kept as declared by a backend that stores weights its own way: every form slices it.
     IN_PLACE = ("wkv_b",)
     # Options of the softmax variants this implementation does not have.
     UNSUPPORTED = ("attn_bias", "qk_norm", "attn_out_gate", "attn_sinks", "attn_softcap",
@@ -158,22 +153,16 @@ class MultiHeadLatentAttention(AttentionLayer):
                                            cfg.rope_theta)
         return q_nope, q_rope, latent, k_rope
 
-    @staticmethod
-    def kernel_attends(cfg: ModelConfig) -> bool:
-        """A decode step attends in the native kernel (`kernels/latent.cc`): a native model
-        (`matmul="native"`), absorbed, float32 with a float cache."""
-        return (cfg.matmul == "native" and cfg.mla_absorb and cfg.dtype == "float32"
-                and cfg.kv_format == "none")
-
     @property
     def scale(self) -> float:
         return (self.cfg.qk_nope_dim + self.cfg.qk_rope_dim) ** -0.5
 
+    @ops.op("mla.naive")
     def naive(self, q_nope, q_rope, latent, k_rope, mask):
-        """Expand the latents to per-head K and V, then softmax attention -> [B, T, N, U]."""
+        """Expand the latents to per-head keys and values, then softmax attention: keys
+        [B, N, S, P + Q] (the shared RoPE key appended to every head's), values [B, N, S, U]
+        -> [B, T, N, U]."""
         P = self.cfg.qk_nope_dim
-        if q_nope.shape[1] == 1:
-            return self.naive_one(q_nope, q_rope, latent, k_rope, mask)
         with jax.named_scope("kv_expand"):
             w = dense(self.wkv_b[...])
             k_nope = jnp.einsum("BSR,RNP->BNSP", latent, w[..., :P])  # [B, N, S, P]
@@ -184,28 +173,6 @@ class MultiHeadLatentAttention(AttentionLayer):
         q = jnp.concatenate([q_nope, q_rope], axis=-1)[:, :, :, None]  # [B, T, N, 1, H]
         return attend(q, k, v, mask, self.scale)[:, :, :, 0]  # [B, T, N, U]
 
-    def naive_one(self, q_nope, q_rope, latent, k_rope, mask):
-        """`naive` for one query per sequence (decode): the keys and values expanded as [B, N,
-        P, S] and [B, N, U, S], the layout of XLA:CPU's own product (it computes the expansion
-        as W^T L^T, [N P, S]), so nothing is transposed; the scores add the shared RoPE key's
-        part (q_rope . k_rope, the concatenated key's last Q channels) -> [B, 1, N, U].
-        Expanded as [B, N, S, P] and concatenated, XLA transposed both products through memory:
-        `bench`'s 4 layers, B 1, S 1024, 2-core Zen 4, median of 15 calls in two alternations:
-        35.5-36.4 ms against 16.3-16.7 (the expansion alone, 15.2-15.5)."""
-        P = self.cfg.qk_nope_dim
-        with jax.named_scope("kv_expand"):
-            w = dense(self.wkv_b[...])
-            k_nope = jnp.einsum("BSR,RNP->BNPS", latent, w[..., :P])  # [B, N, P, S]
-            v = jnp.einsum("BSR,RNU->BNUS", latent, w[..., P:])  # [B, N, U, S]
-        with jax.named_scope("attn_scores"):
-            s = jnp.einsum("BTNP,BNPS->BNTS", q_nope, k_nope.astype(q_nope.dtype))
-            s = s + jnp.einsum("BTNQ,BSQ->BNTS", q_rope, k_rope)  # [B, N, 1, S]
-            s = jnp.where(mask[:, None] if mask.ndim == 3 else mask, s * self.scale, NEG_INF)
-        with jax.named_scope("attn_softmax"):
-            p = jax.nn.softmax(s, axis=-1)
-        with jax.named_scope("attn_values"):
-            return jnp.einsum("BNTS,BNUS->BTNU", p.astype(v.dtype), v)  # [B, 1, N, U]
-
     def absorbed(self, q_nope, q_rope, latent, k_rope, mask):
         """Attend in the latent space (W_UK folded into q, W_UV after) -> [B, T, N, U]."""
         P = self.cfg.qk_nope_dim
@@ -213,9 +180,7 @@ class MultiHeadLatentAttention(AttentionLayer):
         with jax.named_scope("absorb"):
             q_lat = jnp.einsum("BTNP,RNP->BTNR", q_nope, w[..., :P])  # [B, T, N, R]
         # The T N queries of a sequence share its latent keys (MQA-like): one product of M = T N
-        # query rows with the S keys per sequence, and the values the same way. Written per
-        # head ("BTNR,BSR->BNTS") XLA:CPU ran both 1.6-2x slower (bench shape, B = 8, S = 4097,
-        # one layer: 4.4-5.1 vs 7.0-10.5 ms, two alternations).
+        # query rows with the S keys per sequence, and the values the same way.
         B, T, N, R = q_lat.shape
         with jax.named_scope("attn_scores"):
             s = jnp.einsum("BMR,BSR->BMS", q_lat.reshape(B, T * N, R), latent)  # [B, M, S]
@@ -230,31 +195,29 @@ class MultiHeadLatentAttention(AttentionLayer):
         with jax.named_scope("absorb"):
             return jnp.einsum("BTNR,RNU->BTNU", o_lat, w[..., P:])  # [B, T, N, U]
 
+    def write(self, cache: MLACache, latent, k_rope, start) -> MLACache:
+        with jax.named_scope("kv_write"):  # each row at its own start if start is [B]
+            return MLACache(latent=write_at(cache.latent, latent, start, 1),
+                            k_rope=write_at(cache.k_rope, k_rope, start, 1))
+
+    @ops.op("mla.attend_cache")
+    def attend_cache(self, q_nope, q_rope, cache: MLACache, positions) -> jax.Array:
+        """The queries at `positions` over every cached latent up to their own, in the form
+        the config names (absorbed or naive) -> [B, T, N, U]."""
+        k_pos = jnp.arange(cache.latent.shape[1], dtype=jnp.int32)  # [S]
+        latent, k_rope = cache_read(cache.latent, q_nope.dtype), cache_read(cache.k_rope,
+                                                                             q_nope.dtype)
+        core = self.absorbed if self.cfg.mla_absorb else self.naive
+        return core(q_nope, q_rope, latent, k_rope, causal_mask(positions, k_pos))
+
     def __call__(self, x: jax.Array, start: jax.Array, cache: MLACache | None):
         positions = positions_of(start, x.shape[1])  # [T], or [B, T] for a start per row
         q_nope, q_rope, latent, k_rope = self.project(x, positions)
         if cache is None:  # causal forward within x: the naive form
             o = self.naive(q_nope, q_rope, latent, k_rope, causal_mask(positions, positions))
         else:
-            with jax.named_scope("kv_write"):  # each row at its own start if start is [B]
-                cache = MLACache(latent=write_at(cache.latent, latent, start, 1),
-                                 k_rope=write_at(cache.k_rope, k_rope, start, 1))
-            B, T, S = x.shape[0], x.shape[1], cache.latent.shape[1]
-            if T == 1 and self.kernel_attends(self.cfg):
-                # A native model's decode: both absorbs and the attention in one kernel, wkv_b
-                # and the cache read where they lie (`bench`, batch 8, context 1024, caches
-                # evicted, 2-core Zen 5: see latent.cc's header for XLA's 7.2 ms).
-                lens = jnp.broadcast_to(jnp.minimum(start + 1, S), (B,))  # keys seen per row
-                with jax.named_scope(LATENT_SCOPE):
-                    o = attend_latent(q_nope[:, 0], q_rope[:, 0], dense(self.wkv_b[...]),
-                                      cache.latent, cache.k_rope, lens, self.scale)
-                with jax.named_scope("out_proj"):
-                    return from_heads(o[:, None], self.wo[...]), cache
-            k_pos = jnp.arange(S, dtype=jnp.int32)  # [S]
-            core = self.absorbed if self.cfg.mla_absorb else self.naive
-            o = core(q_nope, q_rope, cache_read(cache.latent, x.dtype),
-                     cache_read(cache.k_rope, x.dtype),
-                     causal_mask(positions, k_pos))  # mask [T, S] or [B, T, S]
+            cache = self.write(cache, latent, k_rope, start)
+            o = self.attend_cache(q_nope, q_rope, cache, positions)  # [B, T, N, U]
         with jax.named_scope("out_proj"):
             return from_heads(o, self.wo[...]), cache  # [B, T, D]
 

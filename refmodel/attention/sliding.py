@@ -14,8 +14,8 @@ positions are kept per sequence ([B, W]): rows of a batch may sit at different p
 Two paths, chosen by the static chunk length T:
 - decode (T = 1): write the new key into its slot first (it overwrites position p - W, which
   p no longer sees), then attend over the W slots. Empty slots are masked but still computed:
-  a decode step executes W scores whatever the context. A native model (`matmul="native"`,
-  float32, plain softmax) attends in GQA's kernel over the written slots only, min(p + 1, W).
+  a decode step executes W scores whatever the context (the native backend's kernel reads
+  only the written slots, min(p + 1, W): it runs faster than the count, not another count).
 - prefill (T > 1, on a cache that may already hold tokens): a chunk longer than W would
   overwrite its own keys, so it attends over [the W old slots ++ its own T keys] with the
   window mask first (W + T scores per query), then writes its last min(T, W) keys.
@@ -41,12 +41,13 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from refmodel.attention import register
-from refmodel.attention.common import KERNEL_SCOPE, causal_mask, positions_of
+from refmodel import ops
+from refmodel.attention.common import causal_mask, positions_of
 from refmodel.attention.gqa import GroupedQueryAttention, gqa_costs, kv_heads
 from refmodel.config import ModelConfig, positive
 from refmodel.counting import Cost, Dtypes
 from refmodel.quant import cache_read, cache_round, cache_store, cache_zeros
+from refmodel.registry import register
 
 RING_OP = "ring_masked_slots"  # work of the fixed ring beyond a windowed engine's
 RING_OPS = ("attn_scores", "attn_softmax", "attn_values")  # the ops whose keys it pads
@@ -99,44 +100,38 @@ class SlidingWindowAttention(GroupedQueryAttention):
 
     capacity_bound = False
 
+    @ops.op("sliding.attend_ring")
+    def attend_ring(self, q: jax.Array, cache: RingCache, positions: jax.Array) -> jax.Array:
+        """A decode step's attention over the ring's W slots, just written: empty slots and
+        those outside the window are masked, by the positions they hold."""
+        k, v = cache_read(cache.k, q.dtype), cache_read(cache.v, q.dtype)  # [B, K, W, H]
+        return self.attend(q, k, v, causal_mask(positions, cache.pos, self.cfg.window))
+
+    def attend_chunk(self, q, k, v, cache: RingCache, positions: jax.Array) -> jax.Array:
+        """A chunk's attention over the ring's old slots ++ its own keys (the chunk's keys
+        rounded as a quantized ring will hand them back, so a chunk equals token by token)."""
+        B, T = q.shape[:2]
+        keys = jnp.concatenate([cache_read(cache.k, k.dtype), cache_round(k, cache.k)], axis=2)
+        values = jnp.concatenate([cache_read(cache.v, v.dtype), cache_round(v, cache.v)],
+                                 axis=2)  # [B, K, W + T, H] each
+        k_pos = jnp.concatenate([cache.pos, jnp.broadcast_to(positions, (B, T))], axis=1)
+        return self.attend(q, keys, values, causal_mask(positions, k_pos, self.cfg.window))
+
     def __call__(self, x: jax.Array, start: jax.Array, cache: RingCache | None):
-        (B, T, _), W = x.shape, self.cfg.window
-        positions = positions_of(start, T)  # [T], or [B, T] for a start per row
+        positions = positions_of(start, x.shape[1])  # [T], or [B, T] for a start per row
         q, k, v = self.project(x, positions)  # [B, T, K, G, H], [B, K, T, H] x 2
         if cache is None:
-            o = self.core(q, k, v, causal_mask(positions, positions, W))
+            o = self.attend(q, k, v, causal_mask(positions, positions, self.cfg.window))
             return self.output(x, o), None
-        if T == 1:  # decode: write first, then attend over the ring's W slots
-            with jax.named_scope("kv_write"):
-                cache = ring_write(cache, k, v, positions)
-            if self.kernel_attends(self.cfg):
-                # A row's ring is written in order from position 0, position p in slot p mod
-                # W: after this write it holds positions max(0, p - W + 1) .. p, all in its
-                # first min(p + 1, W) slots, and the softmax does not care in which order. So
-                # the kernel reads those slots as GQA's cache (one page per row); the empty
-                # ones are never read, where XLA's path scores and masks them.
-                with jax.named_scope(KERNEL_SCOPE):
-                    o = self.attend_in_kernel(q, cache.k, cache.v, start)
-                return self.output(x, o), cache
-            keys, values = cache_read(cache.k, q.dtype), cache_read(cache.v, q.dtype)
-            k_pos = cache.pos  # keys, values [B, K, W, H]; k_pos [B, W]
-        else:  # prefill: attend over old slots ++ the chunk, then write
-            # the chunk's own keys as a quantized ring will hand them back (no-op for a
-            # float cache), so prefill in chunks equals decode token by token
-            k_seen, v_seen = cache_round(k, cache.k), cache_round(v, cache.v)
-            keys = jnp.concatenate([cache_read(cache.k, k.dtype), k_seen],
-                                   axis=2)  # [B, K, W + T, H]
-            values = jnp.concatenate([cache_read(cache.v, v.dtype), v_seen],
-                                     axis=2)  # [B, K, W + T, H]
-            k_pos = jnp.concatenate([cache.pos, jnp.broadcast_to(positions, (B, T))],
-                                    axis=1)  # [B, W + T]
-        o = self.core(q, keys.astype(q.dtype), values.astype(q.dtype),
-                      causal_mask(positions, k_pos, W),
-                      written=T == 1)  # mask [B, T, S]; o [B, T, K, G, H]
-        if T > 1:
-            with jax.named_scope("kv_write"):
-                cache = ring_write(cache, k, v, positions)
-        return self.output(x, o), cache
+        if x.shape[1] == 1:  # decode: write first (over position p - W), then attend
+            cache = self.write_ring(cache, k, v, positions)
+            return self.output(x, self.attend_ring(q, cache, positions)), cache
+        o = self.attend_chunk(q, k, v, cache, positions)  # prefill: attend, then write
+        return self.output(x, o), self.write_ring(cache, k, v, positions)
+
+    def write_ring(self, cache: RingCache, k, v, positions) -> RingCache:
+        with jax.named_scope("kv_write"):
+            return ring_write(cache, k, v, positions)
 
     @classmethod
     def rollback_limit(cls, cfg: ModelConfig, kind: str) -> int:
@@ -184,12 +179,11 @@ class SlidingWindowAttention(GroupedQueryAttention):
               dt: Dtypes) -> dict[str, Cost]:
         """The attention ops of a windowed engine (min(context, W - 1) + new keys per query:
         min(S + 1, W) at decode), plus `RING_OP`: the masked slots this ring scores on top
-        (it executes W keys at decode, W + new at prefill; a native model's decode, only
-        the written ones: none on top). Only the last min(new, W) keys are written."""
+        (it executes W keys at decode, W + new at prefill). Only the last min(new, W) keys
+        are written."""
         K, W, H = kv_heads(cfg, kind), cfg.window, cfg.resolved_head_dim
         engine = min(context, W - 1) + new
-        # a decode step in the native kernel reads only the written slots: no padding
-        executed = (engine if cls.kernel_attends(cfg) else W) if new == 1 else W + new
+        executed = W if new == 1 else W + new
         out = gqa_costs(cfg, K, batch, new, engine, dt)
         ring = gqa_costs(cfg, K, batch, new, executed, dt)
         out[RING_OP] = sum((ring[op] + (-1.0) * out[op] for op in RING_OPS), Cost())

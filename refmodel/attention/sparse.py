@@ -41,27 +41,30 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from refmodel.attention import register
+from refmodel import ops
 from refmodel.attention.base import float_cache_size
 from refmodel.attention.common import (
-    KERNEL_SCOPE,
     causal_mask,
     positions_of,
-    to_heads,
     write_at,
 )
 from refmodel.attention.gqa import GroupedQueryAttention, gqa_costs, kv_heads
 from refmodel.config import ModelConfig, positive
 from refmodel.counting import Cost, Dtypes, matmul
-from refmodel.kernels.sparse import sparse_attend
 from refmodel.layers import param
-from refmodel.quant import cache_read, cache_zeros
+from refmodel.quant import cache_read, cache_zeros, dense
+from refmodel.registry import register
 
 # Per (query, key, indexer head): relu, multiply by the head weight, add.
 INDEX_FLOPS = 3
-# The native kernel scores, selects and attends in one call (microbench.breakdown charges it
-# with all five ops' counted cost; the indexer's projections keep their own scope)
-SPARSE_SCOPE = "indexer+topk_select+" + KERNEL_SCOPE
+
+
+def indexer_product(x: jax.Array, w) -> jax.Array:
+    """x [B, T, D] times an indexer weight [D, ...], from its float values (a quantized one
+    dequantized): the scores decide discrete picks, and a product whose summation order
+    followed the number of rows (a quantized weight's few-row reduce against its GEMM) would
+    flip picks between a chunk and the same tokens one by one."""
+    return jnp.tensordot(x, dense(w), axes=1)
 
 
 @struct.dataclass
@@ -98,13 +101,13 @@ class SparseAttention(GroupedQueryAttention):
     def index_keys(self, x: jax.Array) -> jax.Array:
         """x [B, T, D] -> indexer keys [B, T, J]."""
         with jax.named_scope("indexer"):
-            return to_heads(x, self.wk_idx[...])  # [B, T, J]
+            return indexer_product(x, self.wk_idx[...])  # [B, T, J]
 
     def index_scores(self, x: jax.Array, k_idx: jax.Array) -> jax.Array:
         """I(t, s) of queries x [B, T, D] against indexer keys [B, S, J] -> [B, T, S]."""
         with jax.named_scope("indexer"):
-            q_idx = to_heads(x, self.wq_idx[...])  # [B, T, I, J]
-            w = to_heads(x, self.w_idx[...])  # [B, T, I]
+            q_idx = indexer_product(x, self.wq_idx[...])  # [B, T, I, J]
+            w = indexer_product(x, self.w_idx[...])  # [B, T, I]
             dots = jnp.einsum("BTIJ,BSJ->BTIS", q_idx, k_idx.astype(q_idx.dtype))
             return jnp.einsum("BTI,BTIS->BTS", w, jax.nn.relu(dots))  # [B, T, S]
 
@@ -128,40 +131,33 @@ class SparseAttention(GroupedQueryAttention):
             k_sel = k[rows, :, idx].reshape(B * T, n, K, H).transpose(0, 2, 1, 3)
             v_sel = v[rows, :, idx].reshape(B * T, n, K, H).transpose(0, 2, 1, 3)
         # each (b, t) is a batch row with its own keys: GQA's core, with sinks and soft-cap
-        o = self.core(q.reshape(B * T, 1, K, G, H), k_sel, v_sel, valid.reshape(B * T, 1, n))
+        o = self.attend(q.reshape(B * T, 1, K, G, H), k_sel, v_sel, valid.reshape(B * T, 1, n))
         return o.reshape(B, T, K, G, H)
+
+    @ops.op("sparse.attend")
+    def sparse_attend(self, x, q, k, v, k_idx, positions, causal_within: bool) -> jax.Array:
+        """Each query over the top-k of the keys it sees, ranked by the indexer: q [B, T, K, G,
+        H], k, v [B, K, S, H], k_idx [B, S, J] -> [B, T, K, G, H]. causal_within: the keys
+        are the chunk's own (no cache)."""
+        k_pos = jnp.arange(k.shape[2], dtype=jnp.int32)  # [S]
+        mask = causal_mask(positions, k_pos)  # [T, S], or [B, T, S]: each row its own
+        idx, valid = self.select(self.index_scores(x, k_idx), mask)  # [B, T, k] x 2
+        return self.sparse_core(q, k, v, idx, valid)
+
+    def write(self, cache: SparseCache, k, v, k_idx, start) -> SparseCache:
+        with jax.named_scope("kv_write"):  # each row at its own start if start is [B]
+            new_k, new_v = write_at(cache.k, k, start, 2), write_at(cache.v, v, start, 2)
+        with jax.named_scope("indexer"):
+            return SparseCache(k=new_k, v=new_v, k_idx=write_at(cache.k_idx, k_idx, start, 1))
 
     def __call__(self, x: jax.Array, start: jax.Array, cache: SparseCache | None):
         positions = positions_of(start, x.shape[1])  # [T], or [B, T] for a start per row
         q, k, v = self.project(x, positions)  # [B, T, K, G, H], [B, K, T, H] x 2
         k_idx = self.index_keys(x)  # [B, T, J]
         if cache is not None:
-            with jax.named_scope("kv_write"):  # each row at its own start if start is [B]
-                new_k, new_v = write_at(cache.k, k, start, 2), write_at(cache.v, v, start, 2)
-            with jax.named_scope("indexer"):
-                new_idx = write_at(cache.k_idx, k_idx, start, 1)
-            cache = SparseCache(k=new_k, v=new_v, k_idx=new_idx)
+            cache = self.write(cache, k, v, k_idx, start)
             k, v, k_idx = cache_read(cache.k, q.dtype), cache_read(cache.v, q.dtype), cache.k_idx
-        B, T, S = x.shape[0], x.shape[1], k.shape[2]
-        if self.kernel_attends(self.cfg):
-            # A native model: the indexer's scores, the selection and the attention over the
-            # picks in one kernel, keys and values read in place (kernels/sparse.cc; XLA's
-            # top_k, sort and gathers took half of bench's decode attention, and a prefill's
-            # gathers copy every query's picks).
-            with jax.named_scope("indexer"):
-                q_idx = to_heads(x, self.wq_idx[...])  # [B, T, I, J]
-                w = to_heads(x, self.w_idx[...])  # [B, T, I]
-            # keys seen by each query: a chunk without a cache sees its own tokens up to itself
-            lens = jnp.broadcast_to(jnp.arange(1, T + 1, dtype=jnp.int32) if cache is None
-                                    else jnp.minimum(positions + 1, S), (B, T))
-            with jax.named_scope(SPARSE_SCOPE):
-                o = sparse_attend(q, k, v, q_idx, w, k_idx, lens, self.cfg.sparse_top_k,
-                                  self.cfg.softmax_scale)
-            return self.output(x, o), cache
-        k_pos = jnp.arange(S, dtype=jnp.int32)  # [S]
-        mask = causal_mask(positions, k_pos)  # [T, S], or [B, T, S]: each row its own
-        idx, valid = self.select(self.index_scores(x, k_idx), mask)  # [B, T, k] x 2
-        o = self.sparse_core(q, k, v, idx, valid)
+        o = self.sparse_attend(x, q, k, v, k_idx, positions, causal_within=cache is None)
         return self.output(x, o), cache
 
     @classmethod

@@ -4,25 +4,21 @@
 // read of every cached byte more than a contiguous cache's decode.
 //
 // q [B, K, G, H]: the step's query, G query heads per KV head (GQA; MHA G = 1, MQA K = 1).
-// k, v [P, K, page, H]: pages of keys and values, head-major as the engine stores GQA's cache.
+// k, v [pages, K, page, H]: pages of keys and values, head-major as the engine stores GQA's
+// cache.
 // tables int32 [B, n]: each sequence's pages in token order. lens int32 [B]: keys at positions
 // < lens[b] are seen (the query's own position + 1: causal). out [B, K, G, H].
 // scores = scale q.k over the keys, softmax, times v: float32 throughout.
 //
-// Per (sequence, KV head), page by page, an online softmax (Milakov & Gimelshein 2018, as
-// FlashAttention): the page's scores for the G heads (each key row loaded once for all G),
-// their running max, and the accumulators rescaled when it grows; then each value row, loaded
-// once, added into the G accumulators. Keys and values are read once, as they lie. exp is a
-// vectorised polynomial (Cephes' expf: range reduction by ln 2, degree-6 polynomial, ~1e-7
-// relative): scalar expf per score cost more than the whole attention's reads.
-//
-// Measured alone on a 2-core Zen 4 (llama-309m's layer: B = 8, K = 4, G = 4, H = 64, median of
-// 50 calls, against XLA's `attend_one` on the same contiguous cache): 129 keys 128-140 us vs
-// 300-370 us, 1024 keys 1.07 ms vs 2.2-2.3 ms. It is compute-bound from G = 4: at 1024 keys
-// G = 1 / 4 / 8 take 0.45 / 0.97 / 2.2 ms (38 / 17 / 7.6 GB/s of keys and values), ~40
-// cycles per score and query head: each score's horizontal sum and the G accumulators'
-// updates. That is the general path below; whole-vector head sizes now take the fast path
-// (`chunked`: accumulators in registers, keys split over the cores).
+// The general path, any head size: per (sequence, KV head), page by page, an online softmax
+// (Milakov & Gimelshein 2018, as FlashAttention): the page's scores for the G heads (each key
+// row loaded once for all G), their running max, and the accumulators rescaled when it grows;
+// then each value row, loaded once, added into the G accumulators. Keys and values are read
+// once, as they lie. exp is a vectorised polynomial (Cephes' expf: range reduction by ln 2,
+// degree-6 polynomial, ~1e-7 relative): scalar expf per score costs more than the whole
+// attention's reads. Its accumulators live in memory (a store-to-load chain per key and head),
+// so it is compute-bound from a few query heads per KV head: head sizes of whole vectors take
+// the fast path (`chunked`) instead.
 #include <cmath>
 #include <cstring>
 
@@ -49,51 +45,27 @@ static inline void scores(const float* q, const float* key, int64_t G, int64_t H
 }
 
 // The fast path, for head sizes of 1, 2, 4 or 8 whole vectors (H = 16, 32, 64, 128 with
-// AVX-512; other sizes take the general path below, one job per sequence and KV head): the
-// keys are cut into chunks per (sequence, KV head), so that even one sequence of an MQA layer
-// (B K = 1) keeps every core busy (flash-decoding's split over the keys); the calling thread
-// combines the chunks' maxima, sums and outputs (the online softmax's rescaling, once per
-// chunk). One query head per KV head (MHA): within a chunk, blocks of VL keys in one pass
-// (`chunk`): the block's scores (a transpose-sum of VL dot products), its max, the
-// accumulators rescaled when the running max grows (rarely after the first blocks), its exps,
-// then its value rows into the accumulators, held in registers (the general path keeps them in
-// memory: a store-to-load chain per key and head, ~40 cycles per score and head). Two or more
-// (GQA, MQA): the chunk in two passes (`chunk_plain`): every score, one softmax, every value.
+// AVX-512; other sizes take the general path, one job per sequence and KV head): the keys are
+// cut into chunks per (sequence, KV head), so that even one sequence of an MQA layer (B K = 1)
+// keeps every core busy (flash-decoding's split over the keys); the calling thread combines
+// the chunks' maxima, sums and outputs (the online softmax's rescaling, once per chunk). The
+// accumulators are held in registers. Chunks are as long as CH_MAX while every thread still
+// gets JOBS_PER_THREAD jobs: fewer, longer chunks stream better.
 //
-// History, each measured: a plain softmax per chunk (all its scores, their max and exps, then
-// all its values) beat the general path on a 2-core Zen 5 (8, 4, 3, 1024: 0.34-0.36 vs
-// 0.47-0.52 ms), where blocks of 16 keys with an online softmax had streamed slower (18-22
-// GB/s at 4096 keys). On a 2-core Xeon (KVM, AMX) the plain softmax read its chunk twice, keys
-// then values, and streamed at 0.45-0.67 of the all-core C read: in a C++ harness of this
-// file's jobs (B = 8, H = 64, 4 layers of caches read in turn, median of 9, the C read in the
-// same rounds; B, K, G, keys), the one-pass blocks read 12, 1, 1024 at 0.77-0.82 of the read
-// against 0.62-0.68; 4, 3, 1024 at 0.64-0.70 against 0.49-0.54; 4, 4, 128 (llama-309m's
-// layer) 0.62-0.67 against 0.43-0.45; a plain read of the same rows in the same jobs (no
-// arithmetic) reached 0.76-0.89. Computing each key's offset by a division (token / page
-// size) cost a fifth of the in-cache time: offsets are now made page by page. Longer chunks
-// (up to CH_MAX, while there are at least JOBS_PER_THREAD jobs per thread) read 5-10% faster
-// at 1024 keys; software prefetch PFK rows ahead 1.2-1.3x faster than none (MHA, GQA); 16 rows
-// ahead instead of 8: even. So the one-pass blocks took every G, until a 2-core Zen 4 (KVM,
-// AVX-512 on 256-bit datapaths), 2026-12-04: there the one-pass chunk ran at ~15 cycles per
-// key and query head with its rows in L2 (33 GB/s of keys and values on one core at G = 3,
-// 63 at G = 1) and, out of cache, slower than its compute and a read of its rows one after the
-// other (G = 3: 10-12 GB/s on one core, the plain read 25-29): its rescale, exps and values
-// sit between one block's key loads and the next, so the core runs out of loads to start. The
-// two-pass chunk, alternated with it in one process (a C++ harness of this file's chunks, two
-// threads each over its own 64 MiB of keys and values, 20-30 pairs, the ratio of times per
-// pair): G = 2 / 3 / 4 1.54 / 1.37-1.71 / 1.53x faster; G = 1 0.78-1.00x (so MHA keeps the
-// one-pass blocks). Through JAX (8 layers' caches chained, B 8, K 4, G 3, H 64, 1024 keys, the
-// two builds alternated 3 times beside the 1 GiB C read): 15.9-19.9 GB/s (0.38-0.59 of the
-// read) before, 20.5-28.3 (0.52-0.84) after; B 1 over 8192 keys 17.4-20.9 -> 21.4-26.7.
-// Software prefetch in the two passes made them slower there (14.6-20.6 against 21.9-26.5
-// in the same alternation): the passes stream, and the hardware's prefetchers keep up. The
-// one-pass chunk's prefetch (MHA) now goes 16 rows ahead into L2 (was 8 into L1: 4 lines a
-// row x 2 rows a key x 8 keys, more than the core's L1 misses in flight; in latent.cc such
-// prefetches held a fifth of the samples; distance and level changed together, not measured
-// apart; the Xeon's "16 rows: even" above was into L1): the same Zen 4, `bench`'s MHA layer
-// (B 8, K 12, H 64) chained through JAX (8 layers at 256 keys, 4 at 1024), the two builds in
-// 4 alternations, 8 rounds each: 256 keys median 26.1 -> 28.3 GB/s, 1024 keys 27.8 -> 29.1
-// (GQA's two-pass layer, unchanged, in the same processes: even).
+// One query head per KV head (MHA): within a chunk, blocks of VL keys in one pass (`chunk`):
+// the block's scores (a transpose-sum of VL dot products), its max, the accumulators rescaled
+// when the running max grows (rarely after the first blocks), its exps, then its value rows
+// into the accumulators, keys and values read together; PFK rows ahead are prefetched into L2
+// (into L1, more lines would be in flight than a core's L1 can track).
+// Two or more (GQA, MQA): the chunk in two passes (`chunk_plain`): every score, one softmax,
+// every value. The one-pass loop puts a block's rescale, exps and value updates between one
+// block's key loads and the next, so out of cache a core runs out of loads to start and reads
+// below the memory's speed; the two passes' loops carry little but loads and FMAs and stream,
+// and the hardware's prefetchers keep up with them (software prefetch there only adds loads).
+// With one query head a key's work is too small for that to matter, and the single pass over
+// keys and values together wins. Each key's offset is made page by page, not by a division
+// per key (`offsets`). `python -m microbench breakdown --phase decode_attention` times the
+// kernel in a decode step.
 struct Args {
   const float *q, *k, *v;
   const int32_t *tables, *lens;
@@ -106,11 +78,8 @@ constexpr int64_t CH_MAX = 1024, CH_MIN = 64;  // keys per chunk
 constexpr int64_t JOBS_PER_THREAD = 4;
 constexpr int64_t PFK = 16;  // key and value rows ahead to prefetch
 
-// One chunk [t0, t1) of sequence b's keys (at most CH_MAX) for KV head kh and query heads
-// g0 .. g0 + GB: writes m, l [GB] (the chunk's max score and sum of exp) and acc [GB, H] (not
-// yet divided by l).
 // Each key's row in [t0, t1) of sequence b's KV head kh, page by page (a division per key
-// cost a fifth of the in-cache time).
+// would cost a large share of the in-cache time).
 static void offsets(const Args& a, int64_t b, int64_t kh, int64_t t0, int64_t t1, int64_t* off) {
   const int32_t* table = a.tables + b * a.n;
   const int64_t cnt = t1 - t0;
@@ -162,6 +131,9 @@ static inline void add_values(const float* v, const int64_t* off, int64_t n, con
   }
 }
 
+// One chunk [t0, t1) of sequence b's keys (at most CH_MAX) for KV head kh and query heads
+// g0 .. g0 + GB: writes m, l [GB] (the chunk's max score and sum of exp) and acc [GB, H] (not
+// yet divided by l). `chunk_plain` has the same contract.
 template <int NH, int GB>
 static void chunk(const Args& a, int64_t b, int64_t kh, int64_t g0, int64_t t0, int64_t t1,
                   float* m_out, float* l_out, float* acc_out) {
@@ -316,7 +288,7 @@ static void chunked(const Args& a, ffi::ThreadPool& pool) {
   const int64_t want = JOBS_PER_THREAD * std::max<int64_t>(1, pool.num_threads());
   int64_t CH = CH_MAX;
   while (CH > CH_MIN && a.B * a.K * ((longest + CH - 1) / CH) < want) CH /= 2;
-  const int64_t C = (longest + CH - 1) / CH, G = a.G, H = a.H;
+  const int64_t C = (longest + CH - 1) / CH, G = a.G, H = a.H;  // C chunks
   // per (b, kh, c): m [G], l [G], acc [G, H]
   auto part = std::make_shared<std::vector<float>>(a.B * a.K * C * G * (H + 2));
   float* pp = part->data();
@@ -364,14 +336,15 @@ static ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
   if (qd.size() != 4 || kd.size() != 4 || td.size() != 2 || v.dimensions().size() != 4 ||
       lens.dimensions().size() != 1)
     return ffi::Error::InvalidArgument(
-        "paged_attention: q [B, K, G, H], k and v pages [P, K, page, H], tables [B, n], "
+        "paged_attention: q [B, K, G, H], k and v pages [pages, K, page, H], tables [B, n], "
         "lens [B]");
   const int64_t B = qd[0], K = qd[1], G = qd[2], H = qd[3];
-  const int64_t P = kd[0], PS = kd[2], n = td[1];
+  const int64_t pages = kd[0], PS = kd[2], n = td[1];
   for (int i = 0; i < 4; i++)
     if (v.dimensions()[i] != kd[i])
       return ffi::Error::InvalidArgument("paged_attention: k and v pages of one shape");
-  if (kd[1] != K || kd[3] != H || td[0] != B || lens.dimensions()[0] != B || P < 1 || PS < 1)
+  if (kd[1] != K || kd[3] != H || td[0] != B || lens.dimensions()[0] != B || pages < 1 ||
+      PS < 1)
     return ffi::Error::InvalidArgument(
         "paged_attention: q's K and H must be the pages' and tables and lens one row per "
         "sequence");
@@ -381,9 +354,9 @@ static ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
     if (len[b] < 1 || len[b] > n * PS)
       return ffi::Error::InvalidArgument("paged_attention: lens[b] must be in [1, n x page]");
     for (int64_t i = 0; i < (len[b] + PS - 1) / PS; i++)
-      if (t[b * n + i] < 0 || t[b * n + i] >= P)
+      if (t[b * n + i] < 0 || t[b * n + i] >= pages)
         return ffi::Error::InvalidArgument(
-            "paged_attention: a page id in tables is outside [0, P)");
+            "paged_attention: a page id in tables is outside [0, pages)");
   }
   const float* qp = q.typed_data();
   const float* kp = k.typed_data();
@@ -435,8 +408,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PagedAttentionF32, PagedAttention,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()  // q [B, K, G, H]
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // k [P, K, page, H]
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // v [P, K, page, H]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // k [pages, K, page, H]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // v [pages, K, page, H]
                                   .Arg<ffi::Buffer<ffi::S32>>()  // tables [B, n]
                                   .Arg<ffi::Buffer<ffi::S32>>()  // lens [B]
                                   .Ret<ffi::Buffer<ffi::F32>>()  // out [B, K, G, H]

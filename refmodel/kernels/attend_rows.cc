@@ -11,26 +11,21 @@
 // prefill's attention work, and the count would have to say so.
 //
 // Per (sequence, KV head) the M = T G query rows (row t G + g) share the head's keys, so
-// attention is two GEMMs per row block: scores [R, S] = Q [R, H] K^T, then out [R, H] =
-// P [R, S] V. Keys are packed once per (sequence, KV head) as the scores' weight in panels,
-// kt [ceil(S / 32), H, 32] (32 keys side by side per dimension h), values as the output
-// product's, vt [ceil(H / 32), S, 32]; keys past S and dimensions past H are zeros. A job is
-// R rows of one (sequence, KV head): its scores (R x S floats) stay in L2 between the two
-// products, its softmax runs over each row's own seen keys (exp: common.h's `vexp`).
+// attention is two GEMMs per block of rows: scores [rows, S] = Q [rows, H] K^T, then out
+// [rows, H] = softmax(scores) [rows, S] V. Keys are packed once per (sequence, KV head) as the
+// scores' weight in panels, kt [ceil(S / 32), H, 32] (32 keys side by side per dimension h),
+// values as the output product's, vt [ceil(H / 32), S, 32]; keys past S and dimensions past H
+// are zeros. A job is a block of rows of one (sequence, KV head): its scores (rows x S floats)
+// stay in L2 between the two products, its softmax runs over each row's own seen keys (exp:
+// common.h's `vexp`).
 //
-// Why: XLA:CPU ran the same attention (common.py's `attend_rows`: batched einsums over blocks
-// of 256 queries, the [B, K, G, 256, S] scores written, masked, soft-maxed and read back) at
-// 75 GFLOP/s for `medium`'s layer at T = S = 1024 (K = 8, G = 2, H = 64), where one of its
-// einsums alone ran at 174-229 and a 2-D GEMM of the same shape at 240-340 (2-core Zen 5).
+// Why: XLA:CPU runs the same attention (common.py's `attend_rows`: batched einsums over blocks
+// of 256 queries) by writing the [B, K, G, 256, S] scores to memory, masking, soft-maxing and
+// reading them back, at a fraction of the speed its own einsums reach alone (`python -m
+// microbench breakdown --phase prefill` shows the attention's share of a prefill).
 //
-// A job's buffers are the thread's scratch, kept between calls, and a row's masked keys get
-// exp 0 without computing it. Allocated per job, a block's buffers (192 KiB each at 1024
-// keys) went back to the OS and were faulted in again every job; and every masked score went
-// through exp. This file's jobs run on one core of a 2-core Xeon (KVM, AMX), `medium`'s layer
-// (K = 8, G = 2, H = 64, causal), best of 7, the two builds alternated 3 times, 2026-12-03:
-// T = S = 512 20.0-20.4 -> 13.7-14.0 ms, 1024 107.7-109.9 -> 50.3-50.9 ms. Of the 512 case's
-// time now: the two products 71%, the scores' transpose for the second (`pack`) 11%, the
-// softmax 12%.
+// A job's buffers are the thread's scratch, kept between calls (`scratch`), and a row's masked
+// keys get exp 0 without computing it.
 #include <cmath>
 #include <cstring>
 
@@ -44,7 +39,7 @@ struct RowsArgs {
   float scale;
 };
 
-// Keys and values of (b, kh) into panels: kt [SP / P, H, P], vt [HP / P, SP, P].
+// Keys and values of (b, kh) into panels: kt [SP / PANEL, H, PANEL], vt [HP / PANEL, SP, PANEL].
 static void pack_kv(const RowsArgs& a, int64_t b, int64_t kh, float* kt, float* vt) {
   const float* kb = a.k + (b * a.K + kh) * a.S * a.H;
   const float* vb = a.v + (b * a.K + kh) * a.S * a.H;
@@ -52,40 +47,40 @@ static void pack_kv(const RowsArgs& a, int64_t b, int64_t kh, float* kt, float* 
   std::memset(vt, 0, sizeof(float) * a.HP * a.SP);
   for (int64_t s = 0; s < a.S; s++)
     for (int64_t h = 0; h < a.H; h++) {
-      kt[((s / P) * a.H + h) * P + s % P] = kb[s * a.H + h];
-      vt[((h / P) * a.SP + s) * P + h % P] = vb[s * a.H + h];
+      kt[((s / PANEL) * a.H + h) * PANEL + s % PANEL] = kb[s * a.H + h];
+      vt[((h / PANEL) * a.SP + s) * PANEL + h % PANEL] = vb[s * a.H + h];
     }
 }
 
-// This thread's scratch of at least n floats, kept between calls: allocated per job, the
-// buffers of a block of 48 rows at 1024 keys (192 KiB each) went to the OS and back every job
-// (mmap, page faults, zeroing): a third of a `medium` layer's attention at T = S = 1024.
+// This thread's scratch of at least n floats, kept between calls: allocated per job, a block's
+// buffers (hundreds of KiB at a thousand keys) would go back to the OS and be faulted in again
+// (mmap, page faults, zeroing) every job.
 static float* scratch(int64_t n) {
   static thread_local std::vector<float> buf;
   if (int64_t(buf.size()) < n) buf.resize(n);
   return buf.data();
 }
 
-// Rows r0 .. r0 + R of (b, kh) (row t G + g): scores, softmax, values, into out.
-static void rows_job(const RowsArgs& a, int64_t b, int64_t kh, int64_t r0, int64_t R,
+// Rows r0 .. r0 + rows of (b, kh) (row t G + g): scores, softmax, values, into out.
+static void rows_job(const RowsArgs& a, int64_t b, int64_t kh, int64_t r0, int64_t rows,
                      const float* kt, const float* vt) {
   const int64_t H = a.H, SP = a.SP, HP = a.HP, G = a.G;
-  float* x = scratch(R * (std::max(H, SP) + SP + HP + H + 1));  // x, s, o, qr, sum
-  float* s = x + R * std::max(H, SP);
-  float* o = s + R * SP;
-  float* qr = o + R * HP;
-  float* sum = qr + R * H;
-  // the rows' queries, scaled, as x [R, H]; packed in blocks of MB rows
-  for (int64_t r = 0; r < R; r++) {
+  float* x = scratch(rows * (std::max(H, SP) + SP + HP + H + 1));  // x, s, o, qr, sum
+  float* s = x + rows * std::max(H, SP);
+  float* o = s + rows * SP;
+  float* qr = o + rows * HP;
+  float* sum = qr + rows * H;
+  // the rows' queries, scaled, as x [rows, H]; packed in blocks of MB rows
+  for (int64_t r = 0; r < rows; r++) {
     const int64_t t = (r0 + r) / G, g = (r0 + r) % G;
     const float* qs = a.q + (((b * a.T + t) * a.K + kh) * G + g) * H;
     for (int64_t h = 0; h < H; h++) qr[r * H + h] = qs[h] * a.scale;
   }
-  pack(qr, x, R, H);
-  for (int64_t p = 0; p < SP / P; p++) panel(x, kt, (const float*)nullptr, s, R, H, SP, p);
+  pack(qr, x, rows, H);
+  for (int64_t p = 0; p < SP / PANEL; p++) panel(x, kt, (const float*)nullptr, s, rows, H, SP, p);
   // Each row over its own seen keys n: their max and exps, the rest 0 (exp(-inf)): the exps
   // of the masked keys are not computed (their scores were, as counted).
-  for (int64_t r = 0; r < R; r++) {
+  for (int64_t r = 0; r < rows; r++) {
     const int64_t t = (r0 + r) / G;
     const int64_t n = std::clamp<int64_t>(a.lens[b * a.T + t], 1, a.S);
     const int64_t nv = (n + VL - 1) / VL * VL;  // whole vectors: SP is a multiple of VL
@@ -108,9 +103,9 @@ static void rows_job(const RowsArgs& a, int64_t b, int64_t kh, int64_t r0, int64
     std::memset(sr + nv, 0, sizeof(float) * (SP - nv));
     sum[r] = hsum(acc);
   }
-  pack(s, x, R, SP);
-  for (int64_t c = 0; c < HP / P; c++) panel(x, vt, (const float*)nullptr, o, R, SP, HP, c);
-  for (int64_t r = 0; r < R; r++) {
+  pack(s, x, rows, SP);
+  for (int64_t c = 0; c < HP / PANEL; c++) panel(x, vt, (const float*)nullptr, o, rows, SP, HP, c);
+  for (int64_t r = 0; r < rows; r++) {
     const int64_t t = (r0 + r) / G, g = (r0 + r) % G;
     float* dst = a.out + (((b * a.T + t) * a.K + kh) * G + g) * H;
     const float inv = 1.0f / sum[r];
@@ -133,10 +128,10 @@ static ffi::Error AttendRows(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
   if (kd[0] != B || kd[1] != K || kd[3] != H || ld[0] != B || ld[1] != T || S < 1)
     return ffi::Error::InvalidArgument(
         "attend_rows: k and v [B, K, S, H] with q's B, K and H; lens [B, T] with q's B, T");
-  const int64_t SP = (S + P - 1) / P * P, HP = (H + P - 1) / P * P;
+  const int64_t SP = (S + PANEL - 1) / PANEL * PANEL, HP = (H + PANEL - 1) / PANEL * PANEL;
   const RowsArgs a{q.typed_data(), k.typed_data(), v.typed_data(), lens.typed_data(),
                    out->typed_data(), B, T, K, G, H, S, SP, HP, scale};
-  // every (b, kh)'s keys and values in panels, then the row blocks: R rows of scores in
+  // every (b, kh)'s keys and values in panels, then the row blocks: `rows` rows of scores in
   // ~256 KiB (at least one tile of MB rows, at most 4)
   auto packed = std::make_shared<std::vector<float>>(B * K * (SP * H + HP * SP));
   float* kv = packed->data();
@@ -145,12 +140,12 @@ static ffi::Error AttendRows(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
     pack_kv(a, bk / K, bk % K, kv + bk * per, kv + bk * per + SP * H);
   });
   const int64_t M = T * G;
-  const int64_t R = std::clamp<int64_t>((65536 / SP) / MB * MB, MB, 4 * MB);
-  const int64_t blocks = (M + R - 1) / R;
+  const int64_t rows = std::clamp<int64_t>((65536 / SP) / MB * MB, MB, 4 * MB);
+  const int64_t blocks = (M + rows - 1) / rows;
   parallel_for(pool, B * K * blocks, [=](int64_t job) {
-    const int64_t bk = job / blocks, r0 = job % blocks * R;
+    const int64_t bk = job / blocks, r0 = job % blocks * rows;
     const float* kt = kv + bk * per;
-    rows_job(a, bk / K, bk % K, r0, std::min(R, M - r0), kt, kt + SP * H);
+    rows_job(a, bk / K, bk % K, r0, std::min(rows, M - r0), kt, kt + SP * H);
   });
   return ffi::Error::Success();
 }

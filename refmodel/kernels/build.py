@@ -10,8 +10,8 @@ The cache lives in `$REFMODEL_KERNEL_CACHE`, else `$XDG_CACHE_HOME/inference-lab
 half-written library is never loaded. `python -m refmodel kernels` builds and checks it.
 
 No compiler, or a failed build, is not an error here: `load()` returns False and `why_not()`
-says why; the model's products then stay XLA's (`matmul="xla"`, the default), and asking for
-`matmul="native"` raises with that reason.
+says why; the model then runs on backend="xla" (the default), and asking for
+`backend="native"` raises with that reason.
 """
 
 from __future__ import annotations

@@ -34,9 +34,8 @@ typedef int32_t ivec __attribute__((vector_size(4 * VL), aligned(4)));
 
 // x in every lane, as one broadcast load. Written x - 0, exact for every x; 0 + x differs
 // from x for x = -0, so GCC keeps that add: a scalar add and a register-to-register
-// broadcast, which on Intel takes port 5, one of the two 512-bit FMA ports. A 2-core Xeon
-// (AMX), one core, the weight in L2: the product's tile at 8 / 12 rows ran 61 / 64 GFLOP/s
-// that way and 91 / 116 this way (a chain of independent 512-bit FMAs: 124-128).
+// broadcast, which on Intel takes port 5, one of the two 512-bit FMA ports: a tile with a
+// broadcast per row of x would lose a third of its FMAs to it.
 static inline vec bcast(const float& x) { return x - vec{}; }
 
 // e^x for x <= 0 (scores minus their max), VL lanes; below -87 it is ~0 (2^-126 scale):

@@ -16,35 +16,21 @@
 // with G = N and head sizes R + Q and R): the cache is read once, wkv_b once. Three parallel
 // passes: the query absorb per head; the attention per (sequence, chunk of CH keys), each
 // chunk a plain softmax with its own max (flash-decoding's split over the keys, as attend.cc);
-// the chunks combined and the output absorb per head. (Chunks are taken in runs: see below.)
+// the chunks combined and the output absorb per head.
 //
-// Why: XLA:CPU ran this (the same einsums, `MultiHeadLatentAttention.absorbed`) at 8.5 GB/s of
-// cache in the scores and 10 GFLOP/s in the absorbs, whose sliced wkv_b it copied and
-// transposed on every call: the `bench` model's decode attention at batch 8, context 1024,
-// caches evicted, took 7.2 ms against a roofline 1.6 (microbench breakdown, 2-core Zen 5).
+// Why: XLA:CPU runs this (the same einsums, `MultiHeadLatentAttention.absorbed`) far below the
+// memory's speed in the scores and the absorbs, and copies and transposes the sliced wkv_b on
+// every call (`python -m microbench breakdown --phase decode_attention --attention mla
+// --mla-absorb` shows it beside the counted cost).
 //
-// One chunk of 256 keys (`bench`: N = 12, R = 192, Q = 32) in L2 on one core of a 2-core Xeon
-// (KVM, AMX), median of 200 samples of 10 calls, six alternations, 2026-12-03: 66-76 us
-// (35-39 GFLOP/s) -> 44-47 us (54-58). perf put 55% of the old time in the scores, whose 4 x 4
-// blocks were a call each that spilled their 16 sums and wrote them out one lane at a time
-// (now inlined, the sums in registers, 4 floats per store), and 31% in the values, which
-// walked the chunk's latents 12 times, from L2, for 3 heads at a time (now 6: half the
-// walks). The whole call through JAX (`bench`, batch 8, 1024 keys, 6 alternations of the two
-// builds): in cache (one layer) median 1.35 -> 1.13 ms; cold (16 layers' caches and weights,
-// 136 MB, read in turn; the C read 22.5-27 GB/s in the same processes) 24.2-32.2 -> 21.1-23.4
-// ms, median 25.7 -> 21.9, faster in every pair. Cold is about 16 in-cache calls (18 ms) plus
-// most of the reads (5.4 ms at 25 GB/s): they add to the compute rather than hide under it,
-// and prefetching 64 or 128 keys ahead into L2 (the rope rows too) did not change that.
-//
-// Why they added: a chunk's scores read its rows from memory (perf on a 2-core Zen 4,
-// 2026-12-04: ~55% of `chunk`'s samples on the key loads and their prefetches), then its
-// values re-read them from L2 while memory sat idle. Each thread now takes a run of adjacent
-// chunks and, during one chunk's values, prefetches the next one's rows into L2 (a chunk is
-// 229 KiB at `bench`'s R + Q = 224), its lines shared out evenly over the value passes'
-// keys, so the scores read from L2 and memory streams under the values. `bench`'s layer
-// chained 8 times (4 at 4096 keys) through JAX, median of 9, the two builds alternated twice,
-// 2 rounds each: batch 8, 1024 keys 7.6-9.1 -> 5.7-6.4 ms; 4096 keys 14.0-15.4 -> 9.4-9.5 ms;
-// batch 1 (4 chunks: one per run, nothing to prefetch) 2.1-2.3 either way.
+// The scores take 4 keys by 4 heads at a time, 16 dot products in registers and one
+// transpose-sum (`scores4x4`); the values VH heads per pass over the chunk's latents, so each
+// latent row is walked from L2 N / VH times. A chunk's scores read its rows from memory, then
+// its values re-read them from L2, which would leave memory idle during the values: each thread
+// takes a run of adjacent chunks and, during one chunk's values, prefetches the next one's rows
+// into L2, its lines shared out evenly over the value passes' keys (`Pace`), so the next scores
+// read from L2 while memory streams under the values. With one chunk per run (batch 1, short
+// sequences) there is nothing to prefetch.
 #include <cmath>
 #include <cstring>
 
@@ -64,25 +50,25 @@ constexpr int64_t PFK = 16;  // keys ahead to prefetch
 // Rows r0 .. r1 of wkv_b, read in order: ql[b, n, r] = scale q_nope[b, n] . w[r, n, :P] for
 // every sequence and head; the scale is folded into the latent query here and into the rope
 // query in `chunk`. (Per head, the rows' W_UK parts lie N (P + U) floats apart: walked head
-// by head, from main memory, this pass took longer than the attention.)
+// by head, from main memory, this pass would take longer than the attention.)
 static void absorb_in(const LatentArgs& a, int64_t r0, int64_t r1, float* ql) {
-  const int64_t N = a.N, P = a.P, W = N * (P + a.U);
+  const int64_t N = a.N, P = a.P, stride = N * (P + a.U);
 #if defined(__AVX512F__)
   if (r1 - r0 == VL) {  // VL rows' dot products side by side, then one transpose-sum
     const int64_t PV = P / VL * VL;
     for (int64_t n = 0; n < N; n++)
       for (int64_t b = 0; b < a.B; b++) {
         const float* q = a.qn + (b * N + n) * P;
-        const float* w = a.w + r0 * W + n * (P + a.U);
+        const float* w = a.w + r0 * stride + n * (P + a.U);
         vec d[VL];
         for (int i = 0; i < VL; i++) d[i] = vec{};
         for (int64_t h = 0; h < PV; h += VL) {
           const vec qh = *(const vec*)(q + h);
-          for (int i = 0; i < VL; i++) d[i] += qh * *(const vec*)(w + i * W + h);
+          for (int i = 0; i < VL; i++) d[i] += qh * *(const vec*)(w + i * stride + h);
         }
         vec s = sums16(d);
         for (int64_t h = PV; h < P; h++)
-          for (int i = 0; i < VL; i++) s[i] += q[h] * w[i * W + h];
+          for (int i = 0; i < VL; i++) s[i] += q[h] * w[i * stride + h];
         *(vec*)(ql + (b * N + n) * a.R + r0) = a.scale * s;
       }
     return;
@@ -92,14 +78,13 @@ static void absorb_in(const LatentArgs& a, int64_t r0, int64_t r1, float* ql) {
     for (int64_t n = 0; n < N; n++)
       for (int64_t b = 0; b < a.B; b++)
         ql[(b * N + n) * a.R + r] =
-            a.scale * dot(a.qn + (b * N + n) * P, a.w + r * W + n * (P + a.U), P);
+            a.scale * dot(a.qn + (b * N + n) * P, a.w + r * stride + n * (P + a.U), P);
 }
 
 #if defined(__AVX512F__)
 // The scores of keys j .. j + 4 for heads g .. g + 4 as 16 dot products side by side (a step
 // loads 4 key and 4 query vectors for 16 FMAs), then one transpose-sum: lane 4 g + i is head
-// g's score of key i. (16 keys' dot products per head, a load per FMA, took ~2.7x the FMAs'
-// time.)
+// g's score of key i. (16 keys' dot products per head would need a load per FMA.)
 // d[4 g + i] += q[g] . k[i] over the whole vectors of n channels (q rows and k rows n apart),
 // each step's 4 key and 4 query vectors pinned in registers for the 16 FMAs.
 __attribute__((always_inline)) static inline void dots4x4(const float* q, const float* k,
@@ -326,12 +311,12 @@ static void combine(const LatentArgs& a, const float* parts, const float* cw, in
 template <int NB, int UB>
 static void out_block(const LatentArgs& a, const float* ol, int64_t n, int64_t b0, int64_t u0,
                       int64_t r0, int64_t r1, float* y) {
-  const int64_t N = a.N, R = a.R, U = a.U, W = N * (a.P + U);
+  const int64_t N = a.N, R = a.R, U = a.U, stride = N * (a.P + U);
   vec acc[NB][UB];
   for (int i = 0; i < NB; i++)
     for (int h = 0; h < UB; h++) acc[i][h] = vec{};
   for (int64_t r = r0; r < r1; r++) {
-    const float* wr = a.w + r * W + n * (a.P + U) + a.P + u0;
+    const float* wr = a.w + r * stride + n * (a.P + U) + a.P + u0;
     vec wv[UB];
     for (int h = 0; h < UB; h++) wv[h] = *(const vec*)(wr + h * VL);
     for (int i = 0; i < NB; i++) {
@@ -347,7 +332,7 @@ static void out_block(const LatentArgs& a, const float* ol, int64_t n, int64_t b
 // w[r0:r1, :, P:] (the rows' W_UV parts, N (P + U) floats apart, stay in L2 for every
 // sequence).
 static void absorb_out(const LatentArgs& a, const float* ol, int64_t r0, int64_t r1, float* y) {
-  const int64_t N = a.N, R = a.R, U = a.U, UV = U / VL * VL, W = N * (a.P + U);
+  const int64_t N = a.N, R = a.R, U = a.U, UV = U / VL * VL, stride = N * (a.P + U);
   std::memset(y, 0, sizeof(float) * a.B * N * U);
   for (int64_t n = 0; n < N; n++) {
     for (int64_t b = 0; b < a.B; b += 4) {
@@ -364,7 +349,7 @@ static void absorb_out(const LatentArgs& a, const float* ol, int64_t r0, int64_t
       for (int64_t i = b; i < b + nb; i++)  // outputs past the last whole vector
         for (int64_t r = r0; r < r1; r++) {
           const float x = ol[(i * N + n) * R + r];
-          const float* wr = a.w + r * W + n * (a.P + U) + a.P;
+          const float* wr = a.w + r * stride + n * (a.P + U) + a.P;
           for (int64_t v = UV; v < U; v++) y[(i * N + n) * U + v] += x * wr[v];
         }
     }

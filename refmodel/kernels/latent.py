@@ -1,9 +1,9 @@
 """Absorbed MLA decode in the native kernel (`latent.cc`): the query absorb, the attention over
 the cached latents and the output absorb in one call, wkv_b and the cache read where they lie.
 
-A native model's absorbed MLA layers (`MultiHeadLatentAttention.kernel_attends`) decode here
-(one query per sequence); XLA's `MultiHeadLatentAttention.absorbed` is the reference it is
-tested against, and what every other call (a prefill chunk, a quantized cache) runs.
+On the native backend absorbed MLA layers decode here (one query per sequence);
+`MultiHeadLatentAttention.absorbed` is the reference it is tested against, and what every
+other call (a prefill chunk, a quantized cache) runs.
 """
 
 from __future__ import annotations

@@ -8,10 +8,9 @@ the native kernel (`pages.cc`, rows of memcpy). Both return the same bytes. `Pag
 the view: a GQA layer handed one at decode writes its new key and value into their pages and
 attends with `paged_attention` (`attend.cc`), reading each page where it lies.
 
-Measured on a 2-core Zen 4 (`small`'s view at batch 8 and 512 tokens, 8 leaves of 1 MiB):
-XLA:CPU's gather loops over output elements with the index arithmetic per element and ran
-at 2-5 GB/s, 1.8-4 ms a step, slower than the attention reading the view; the kernel copies
-runs of a page (2 KiB there) at the memory's speed. A fused paged attention (vLLM's
+XLA:CPU's gather loops over output elements with the index arithmetic per element, well
+below the memory's speed; the kernel copies runs of a page at the memory's speed
+(`python -m microbench serve` times both). A fused paged attention (vLLM's
 PagedAttention) would read the pages inside the attention and write no view at all.
 """
 
@@ -95,8 +94,9 @@ def paged_attention(q: jax.Array, k: jax.Array, v: jax.Array, tables: jax.Array,
 class PagedKV:
     """One GQA layer's keys and values in the serving engine's pages, for a decode step that
     reads them in place: k, v [P, K, page, H] (every page of the pool), tables int32 [B, n]
-    (each row's pages). The engine hands it to layers whose `reads_pages()` is True in place of
-    the contiguous cache; the layer returns it with the step's key and value written."""
+    (each row's pages). The engine hands it to layers that `backends.reads_pages` in place of
+    the contiguous cache; the layer's ops (`refmodel/backends/native.py`) write the step's key
+    and value into it and attend over it."""
 
     k: jax.Array  # [P, K, page, H]
     v: jax.Array  # [P, K, page, H]

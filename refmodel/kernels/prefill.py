@@ -1,11 +1,11 @@
 """Prefill attention in the native kernel (`attend_rows.cc`): T queries per sequence over its
 contiguous keys and values, each query seeing a prefix of them.
 
-A native model's GQA layers (`GroupedQueryAttention.kernel_attends`: `matmul="native"`,
-float32, plain softmax) attend here whenever a call holds more than one query (a prefill
-chunk, a speculative verify, a forward without a cache); one query per sequence goes to
-the decode kernel (`pages.paged_attention`). XLA's `attend_rows` (refmodel/attention/
-common.py) is the reference it is tested against.
+On the native backend (`refmodel/backends/native.py`: float32, a plain softmax) GQA-family
+layers attend here whenever a call holds more than one query (a prefill chunk, a speculative
+verify, a forward without a cache); one query per sequence goes to the decode kernel
+(`pages.paged_attention`). The reference (`refmodel.attention.common.attend`) is what it is
+tested against.
 """
 
 from __future__ import annotations

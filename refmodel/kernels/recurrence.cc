@@ -3,23 +3,21 @@
 //
 // state [B, N, H, U] float32 (N = K G value heads: K key heads, G value heads per key head;
 // an H x U matrix each, as the layer's cache holds it), q and k [B, K, H], v [B, K, G, U], g
-// and beta [B, K, G]. Per value head, with a = exp(g):
+// and beta [B, K, G]. Per value head, with a = exp(g) and st its H x U state matrix:
 //
-//   v'   = v - a k S            (the gated delta rule; Mamba-2 keeps v)
+//   v'   = v - a k st           (the gated delta rule; Mamba-2 keeps v)
 //   u    = beta v'
-//   S'   = a S + k u^T          (decay, rank-1 write)
-//   o    = q S'                 -> out [B, K, G, U]
+//   st'  = a st + k u^T         (decay, rank-1 write)
+//   o    = q st'                -> out [B, K, G, U]
 //
-// Per block of channels (64 at a time with AVX-512), two passes over the head's H rows: k S
+// Per block of channels (64 at a time with AVX-512), two passes over the head's H rows: k st
 // (the delta rule only) reads the state from memory; the update reads it again from L1,
-// writes S' where S was and sums q S' as it goes, every sum in registers. Runs of adjacent
-// heads are the parallel jobs.
+// writes st' where st was and sums q st' as it goes, every sum in registers. Runs of adjacent
+// heads are the parallel jobs, so each thread streams long stretches of the state.
 //
-// Why: XLA:CPU ran this step as batched matrix-vector products of one row each, at 4.7 GB/s of
-// state (the `bench` model's linear decode attention at batch 8, caches evicted, 2-core Xeon,
-// microbench breakdown: 2.7 ms of 9.3, against 0.7 at the read roof). Here, the same profile:
-// 1.4 ms of 6.2; alone, 4 layers of batch-8 states cold, 1.07-1.22 ms (one head per job and
-// auto-vectorised sums through L1 had taken 1.7-2.7; a prefetch of the next head: no change).
+// Why: XLA:CPU runs this step as batched matrix-vector products of one row each, far below the
+// memory's speed (`python -m microbench breakdown --phase decode_attention --attention linear`
+// shows the step beside its read roof).
 #include <cmath>
 
 #include "common.h"
@@ -31,19 +29,19 @@ struct StepArgs {
   bool delta;
 };
 
-// Channels u0 .. u0 + UB VL of value head j's H x U state S (So: where S' goes; may be S):
-// the UB vectors of k S, then of S' and q S', in registers over the H rows.
+// Channels u0 .. u0 + UB VL of value head j's H x U state st (st_out: where st' goes; may be
+// st): the UB vectors of k st, then of st' and q st', in registers over the H rows.
 template <int UB>
-static void channels(const StepArgs& a, const float* S, float* So, const float* q,
+static void channels(const StepArgs& a, const float* st, float* st_out, const float* q,
                      const float* k, const float* v, float decay, float beta, int64_t u0,
                      float* o) {
   const int64_t H = a.H, U = a.U;
-  vec w[UB];  // u = beta (v - decay k S)
+  vec w[UB];  // u = beta (v - decay k st)
   for (int i = 0; i < UB; i++) w[i] = vec{};
   if (a.delta)
     for (int64_t h = 0; h < H; h++) {
       const vec kv = bcast(k[h]);
-      for (int i = 0; i < UB; i++) w[i] += kv * *(const vec*)(S + h * U + u0 + i * VL);
+      for (int i = 0; i < UB; i++) w[i] += kv * *(const vec*)(st + h * U + u0 + i * VL);
     }
   for (int i = 0; i < UB; i++) w[i] = beta * (*(const vec*)(v + u0 + i * VL) - decay * w[i]);
   vec acc[UB];
@@ -51,36 +49,36 @@ static void channels(const StepArgs& a, const float* S, float* So, const float* 
   for (int64_t h = 0; h < H; h++) {
     const vec kv = bcast(k[h]), qv = bcast(q[h]);
     for (int i = 0; i < UB; i++) {
-      const vec x = decay * *(const vec*)(S + h * U + u0 + i * VL) + kv * w[i];
-      *(vec*)(So + h * U + u0 + i * VL) = x;
+      const vec x = decay * *(const vec*)(st + h * U + u0 + i * VL) + kv * w[i];
+      *(vec*)(st_out + h * U + u0 + i * VL) = x;
       acc[i] += qv * x;
     }
   }
   for (int i = 0; i < UB; i++) *(vec*)(o + u0 + i * VL) = acc[i];
 }
 
-// Value head j = b N + n = (b K + kh) G + gh: its state S [H, U] at state + j H U.
+// Value head j = b N + n = (b K + kh) G + gh: its state st [H, U] at state + j H U.
 static void head(const StepArgs& a, int64_t j) {
   const int64_t H = a.H, U = a.U, kh = j / a.G;  // kh: (b K + key head), q and k's row
-  const float* S = a.state + j * H * U;
-  float* So = a.state_out + j * H * U;  // may be S itself: each element is read, then written
+  const float* st = a.state + j * H * U;
+  float* st_out = a.state_out + j * H * U;  // may be st itself: each element read, then written
   const float* q = a.q + kh * H;
   const float* k = a.k + kh * H;
   const float* v = a.v + j * U;
   float* o = a.out + j * U;
   const float decay = std::exp(a.g[j]), beta = a.beta[j];
   int64_t u = 0;
-  for (; u + 4 * VL <= U; u += 4 * VL) channels<4>(a, S, So, q, k, v, decay, beta, u, o);
-  for (; u + VL <= U; u += VL) channels<1>(a, S, So, q, k, v, decay, beta, u, o);
+  for (; u + 4 * VL <= U; u += 4 * VL) channels<4>(a, st, st_out, q, k, v, decay, beta, u, o);
+  for (; u + VL <= U; u += VL) channels<1>(a, st, st_out, q, k, v, decay, beta, u, o);
   for (; u < U; u++) {  // channels past the last whole vector
     float ks = 0.0f;
     if (a.delta)
-      for (int64_t h = 0; h < H; h++) ks += k[h] * S[h * U + u];
+      for (int64_t h = 0; h < H; h++) ks += k[h] * st[h * U + u];
     const float w = beta * (v[u] - decay * ks);
     float acc = 0.0f;
     for (int64_t h = 0; h < H; h++) {
-      const float x = decay * S[h * U + u] + k[h] * w;
-      So[h * U + u] = x;
+      const float x = decay * st[h * U + u] + k[h] * w;
+      st_out[h * U + u] = x;
       acc += q[h] * x;
     }
     o[u] = acc;
@@ -112,7 +110,7 @@ static ffi::Error StateStep(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> state,
                    beta.typed_data(), state.typed_data(), state_out->typed_data(),
                    out->typed_data(), K, G, H, U, delta != 0};
   // jobs of whole runs of adjacent heads, 4 per thread: each thread streams long stretches of
-  // the state, not one head's 16 KiB here and there
+  // the state, not one head's few KiB here and there
   const int64_t heads = B * K * G, threads = std::max<int64_t>(1, pool.num_threads());
   const int64_t per = std::max<int64_t>(1, heads / (4 * threads));
   parallel_for(pool, (heads + per - 1) / per, [a, per, heads](int64_t c) {

@@ -1,7 +1,7 @@
 """A linear-attention layer's decode step in the native kernel (`recurrence.cc`): the state
 read once and written once, in place.
 
-A native model's linear layers (`LinearAttention.kernel_steps`) decode here; XLA's
+On the native backend linear layers decode here (`LinearAttention.decode`);
 `linear_scan.recurrent` is the reference it is tested against, and what every other call (a
 prefill chunk, a speculative chunk's snapshots) runs.
 """

@@ -8,8 +8,8 @@
 // keys. lens int32 [B, T]: query t sees the keys at positions < lens[b, t] (causal: its
 // position + 1). out [B, T, K, G, H].
 //
-//   I(s)  = sum_i w_idx[i] relu(q_idx[i] . k_idx[s])                   for s < lens[b, t]
-//   picks = the top_k visible s by I(s), equal scores to the earlier position (as
+//   idx(s) = sum_i w_idx[i] relu(q_idx[i] . k_idx[s])                  for s < lens[b, t]
+//   picks = the top_k visible s by idx(s), equal scores to the earlier position (as
 //           jax.lax.top_k), in position order; every visible s if there are fewer
 //   out   = softmax(scale q . k[picks]) v[picks]                        float32 throughout
 //
@@ -17,19 +17,14 @@
 // query (the k-th score, then the picks in position order); the attention per (query, KV
 // head), each picked key row loaded once for the G query heads. A query is a row r = b T + t.
 //
-// Why: XLA:CPU ran the selection (top_k, a sort, the gathers of the picked keys and values
-// into new arrays) at 4.5 ms of the `bench` model's 8.7 ms decode attention at batch 8,
-// context 1024 (microbench breakdown, caches evicted, 2-core Zen 5), for 17 MB moved.
+// Why: XLA:CPU runs the selection as top_k (a sort) and gathers of the picked keys and values
+// into new arrays, most of a decode step's attention time for a few MB moved (`python -m
+// microbench breakdown --phase decode_attention --attention sparse` shows it).
 //
-// A 2-core Zen 4, 2026-12-04, perf over `bench`'s layer at batch 8, 4096 keys: the indexer
-// pass 44% of the samples, the picks' attention 31%, the selection 15% (nth_element over the
-// positions, comparing scores through them). The selection now finds the k-th score among a
-// copy of the scores and takes the picks in one pass in position order (no indirect compares,
-// no sort); the indexer pass prefetches PFI keys ahead (its jobs stream 64 KiB each, short for
-// the hardware's prefetchers). 4 layers chained through JAX, median of 9, alternated with
-// the build before each: batch 8 over 4096 keys 4.7-5.6 -> 4.5-4.7 ms (the selection) ->
-// 3.7-4.1 (the prefetch, against 3.8-5.3 in the same alternation); over 1024 keys 4.3-5.1 ->
-// 3.9-4.3 -> 3.7-4.3. Keys per indexer job 1024 instead of 256: no change above the noise.
+// The selection finds the k-th score among a copy of the scores (nth_element) and takes the
+// picks in one pass in position order: no sort, no compares through an index. The indexer pass
+// prefetches PFI keys ahead: its jobs stream a few tens of KiB each, too short for the
+// hardware's prefetchers to get going.
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -49,7 +44,7 @@ constexpr int64_t SB = 256;  // keys per block of the indexer pass
 constexpr int64_t PF = 8;    // picked rows ahead to prefetch (every line of the row)
 constexpr int64_t PFI = 64;  // indexer keys ahead to prefetch
 
-// I(s) of query r's keys s0 .. s1, into sc [B T, S].
+// idx(s) of query r's keys s0 .. s1, into sc [B T, S].
 static void index_scores(const SparseArgs& a, int64_t r, int64_t s0, int64_t s1, float* sc) {
   const int64_t b = r / a.T;
   const float* qi = a.qi + r * a.I * a.J;
@@ -57,7 +52,7 @@ static void index_scores(const SparseArgs& a, int64_t r, int64_t s0, int64_t s1,
   int64_t s = s0;
 #if defined(__AVX512F__)
   // VL keys at a time: per indexer head their VL dot products side by side, then one
-  // transpose-sum (a horizontal sum per key and head took 3x the FMAs' time)
+  // transpose-sum (a horizontal sum per key and head would cost more than the FMAs)
   const int64_t JV = a.J / VL * VL;
   for (; s + VL <= s1; s += VL) {
     const float* keys = a.ki + (b * a.S + s) * a.J;
@@ -115,13 +110,10 @@ static int64_t pick(const SparseArgs& a, int64_t r, const float* sc, int32_t* id
 }
 
 // out[g] = sum over the m picks j of p[g, j] v[picks[j]] for GB heads, head sizes of NH whole
-// vectors: the GB x NH sums in registers. Summed in memory (each value row added into G rows
-// of H floats: a store-to-load chain per key and head, as attend.cc's general path), the
-// values took 36% of this file's samples under perf (`bench`'s layer: B 8, K 4, G 3, H 64,
-// 1024 keys, top 256; 2-core Zen 4, 2026-12-04); through JAX (8 layers chained, two
-// alternations of the builds) 5.5-6.7 -> 4.5-5.4 ms. What remains is the gather's latency: the
-// rows' loads and prefetches hold most of the samples, 8-16 rows of prefetch alike; the
-// kernel reads its bytes at 0.2-0.4 of the C read there.
+// vectors: the GB x NH sums in registers (summed in memory, each value row added into G rows
+// of H floats is a store-to-load chain per key and head, as in attend.cc's general path). What
+// remains is the gather's latency: the picked rows lie anywhere in the cache, so the kernel
+// reads its bytes well below the memory's streaming speed.
 template <int NH, int GB>
 static void values_picks(const float* vb, const int32_t* picks, int64_t m, const float* p,
                          int64_t pstride, float* out) {

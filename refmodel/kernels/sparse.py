@@ -2,10 +2,9 @@
 top-k selection and the attention over the picked keys in one call, the keys and values read
 in place (no gathered copy of the picked ones per query).
 
-A native model's sparse layers (`SparseAttention`, `kernel_attends`) attend here, at decode
-and in a prefill chunk; XLA's `SparseAttention.index_scores`, `select` and `sparse_core` are
-the reference it is tested against, and what every other model (a quantized cache, sinks or
-a soft-cap, matmul="xla") runs.
+On the native backend sparse layers attend here, at decode and in a prefill chunk;
+`SparseAttention.index_scores`, `select` and `sparse_core` are the reference it is tested
+against, and what every other case (a quantized cache, sinks or a soft-cap) runs.
 """
 
 from __future__ import annotations

@@ -37,10 +37,10 @@ def shard(model, mesh):
     does not divide what it splits raises a ValueError naming the axis and the field."""
     if not isinstance(model, Transformer):
         raise TypeError(f"shard takes a refmodel Transformer, got {type(model).__name__}")
-    if model.cfg.matmul != "xla":  # the rules name [K, N] axes; a custom call is one device's
-        raise ValueError(f"shard takes matmul='xla' models; this one has matmul="
-                         f"{model.cfg.matmul!r} (refmodel/kernels: one device's products); "
-                         "shard the matmul='xla' model")
+    if model.cfg.backend not in ("reference", "xla"):  # the rules name declared weight axes
+        raise ValueError(f"shard takes backend='xla' or 'reference' models; this one has "
+                         f"backend={model.cfg.backend!r} (weights stored for one device's "
+                         "kernels); shard the backend='xla' model")
     degrees(mesh)
     graphdef, state = nnx.split(model)
     for kind in dict.fromkeys(model.cfg.layer_kinds):  # the caches' rules, checked up front

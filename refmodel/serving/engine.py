@@ -28,13 +28,13 @@ unchanged model on it (the variants see an ordinary `Cache` with per-row positio
 scatters the T new tokens' KV back into their pages and the new states into their slots.
 Gather-then-attend reads every cached byte once more than a contiguous cache would (a write
 and a read of the view). So with the native kernels (`kernels="auto"` where they build, or
-"native"), a decode call hands each layer that `reads_pages()` (GQA/MHA/MQA in float32 with
+"native"), a decode call hands each layer that `backends.reads_pages` (GQA/MHA/MQA in float32 with
 a plain softmax) a `PagedKV` instead: the layer writes its one new key and value into their
 page and attends over the pages where they lie (`refmodel.kernels.pages`, vLLM's
 PagedAttention for a CPU); other layers, and prefill chunks, get the view, gathered by the
-native kernel (rows of memcpy; XLA:CPU's gather ran at 2-5 GB/s) or, with `kernels="xla"`
-or on an accelerator, by XLA. The serve benchmark measures each path against `Phases`'
-contiguous decode.
+native kernel (rows of memcpy: XLA:CPU's gather moves the same bytes several times slower)
+or, with `kernels="xla"` or on an accelerator, by XLA. The serve benchmark measures each path
+against `Phases`' contiguous decode.
 
 One call per prefill chunk (B = 1, T padded to a power of two: extra causal tokens change
 nothing before them; a model with state layers, whose state would absorb padding, instead
@@ -62,7 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from refmodel import kernels as native_kernels
+from refmodel import backends
 from refmodel.kernels.pages import PagedKV, gather_pages
 from refmodel.model import Transformer, init_cache
 from refmodel.serving.pool import PagePool
@@ -238,8 +238,8 @@ def step_fn(graphdef, statedef, layout: Layout, greedy: bool):
     donated; `weights` is the model state's leaves (`jax.tree.flatten(state)` gives them and
     `statedef`). The graph and the state's structure are bound here, once: hashing the graph
     on every call as a static argument costs more than a small model's whole decode step,
-    and flattening an nnx.State (a Python pytree node per variable) cost ~80 us a call on
-    `small` (2-core Zen 4), against ~13 us for its list of leaves."""
+    and flattening an nnx.State (a Python pytree node per variable) costs several times what
+    flattening its list of leaves does."""
     return jax.jit(functools.partial(_step, graphdef, statedef, layout, greedy),
                    donate_argnums=(1,))
 
@@ -262,7 +262,7 @@ def _step(graphdef, statedef, layout: Layout, greedy: bool, weights, arrays, ini
     x = model.embed_tokens(tokens, start)
     for i, block in enumerate(model.blocks):
         attn = getattr(block, "attn", None)
-        in_place = layout.native and T == 1 and attn is not None and attn.reads_pages()
+        in_place = layout.native and T == 1 and attn is not None and backends.reads_pages(attn)
         view = layout.gather(arrays, init, tables, slots, fresh, i, in_place)
         x, view = block.mix(x, start, view)
         if view is not None:
@@ -300,7 +300,7 @@ class Engine:
         if kernels not in KERNELS:
             raise ValueError(f"kernels={kernels!r}: choose one of {KERNELS}")
         # the page kernels read float32 pages: "auto" as for float32 weights
-        self.kernels = native_kernels.choose(kernels, name="kernels")
+        self.kernels = backends.choose(kernels, name="kernels")
         self.layout = Layout.of(cfg, page_size, native=self.kernels == "native")
         state_layers = self.layout.has_state
         if prefix_cache and state_layers:

@@ -23,7 +23,7 @@ The model (every formula below is what the code computes):
   context + 1 tokens; layers are taken as equal, the average of mixed patterns), final norm
   and LM head. The chips cut the chain into equal slices of resident bytes (so every chip
   holds R / chips bytes), where the bytes fall, not at layer boundaries: with chips <= L a
-  stage holds about L / chips layers (the brief "ceil(L / chips)" within one layer), with
+  stage holds about L / chips layers (the rough "ceil(L / chips)" within one layer), with
   chips > L each layer is cut across several chips (what 600 chips for 80 layers requires).
   A stage holding a fraction f of an item does f of its FLOPs and bytes (from
   `refmodel.costs.phase_costs`, count="engine", for one micro-batch of rows = batch / m

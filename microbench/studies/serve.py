@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 import refmodel
-from microbench.report import LLAMA_MODEL, llama_spec
+from microbench.phases.report import LLAMA_MODEL, llama_spec
 from refmodel.serving import metrics, workloads
 from refmodel.serving.engine import Engine
 from refmodel.serving.pool import pages_for
@@ -199,8 +199,8 @@ def decode_ratio(model, setup: Setup, repeats: int = 40, rounds: int = 3,
     - `ratio`: a whole step of `Engine.run` (schedule, the paged model call, commit), median
       over the decode-only steps of B requests, against a Phases call made after each of those
       steps (between steps, outside their clock: step for step, so drift within the round
-      falls on both; a block of Phases calls before the run differed from the run's steps by
-      up to 30% between rounds on a 2-core Zen 4);
+      falls on both; a block of Phases calls before the run drifts apart from the run's steps
+      by a different amount in every round);
     - `call_ratio`: the paged model call alone (gather, model, scatter) of the B decoding
       sequences against the Phases call, timed alternately, call for call (each evicts the
       other's data from the caches, so both are slower than back to back).
@@ -210,66 +210,125 @@ def decode_ratio(model, setup: Setup, repeats: int = 40, rounds: int = 3,
     B, S, ps = setup.decode_batch, setup.decode_context, setup.page_size
     if S <= repeats:
         raise ValueError(f"decode_context={S} must exceed the {repeats} decode steps timed")
-    phases = refmodel.Phases(model)
-    state, token, cache = phases.example_args("decode", B, S, fill=True)
-    fn = phases.jitted["decode"]
-    logits, cache = fn(state, token, cache)  # compile and warm
-
-    def contiguous_call() -> float:
-        nonlocal cache
-        cache = cache.replace(pos=cache.pos - 1)  # stay at context S
-        t = time.perf_counter()
-        out, cache = fn(state, token, cache)
-        jax.block_until_ready(out)
-        return time.perf_counter() - t
-
+    contiguous_call = _ContiguousDecode(model, B, S)
     rng = np.random.default_rng(setup.seed)
     max_len = pages_for(S + 1, ps) * ps
-
-    def engine():
-        e = Engine(model, num_pages=B * pages_for(max_len, ps), page_size=ps, policy="mixed",
-                   token_budget=max_len, max_running=B, prefix_cache=False,
-                   max_len=max_len, shapes="fixed", kernels=kernels)
-        e.warmup()
-        return e
-
     reqs = [refmodel.serving.Request(i, tuple(rng.integers(0, model.cfg.vocab_size,
                                                           S - repeats)), repeats + 1)
             for i in range(B)]
     out = {"phases_step_s": [], "engine_step_s": [], "phases_interleaved_s": [],
            "engine_call_s": []}
     for _ in range(rounds):
-        after: list[float] = []  # a Phases call after every step of the run
-        run = engine().run(reqs, progress=lambda _, a=after: a.append(contiguous_call()))
-        pairs = [(s.seconds, p) for s, p in zip(run.steps, after, strict=True)
-                 if s.decode_rows == B and not s.prefill]  # the prompts' steps, then decodes
-        steps, block = [e for e, _ in pairs], [p for _, p in pairs]
-        alone = engine()  # the same requests, stopped once all B decode: that call alone
-        alone.scheduler.submit(reqs)
-        plan = alone.scheduler.schedule(0.0)
-        while plan.prefill or len(plan.decode) < B:  # one prompt's prefill per step
-            alone.scheduler.commit(plan, alone.execute(plan), 0.0)
-            plan = alone.scheduler.schedule(0.0)
-        calls, contiguous = [], []
-        for _ in range(repeats):
-            contiguous.append(contiguous_call())
-            t = time.perf_counter()
-            np.asarray(alone._call(plan.decode, B, 1))  # rewrites the same positions
-            calls.append(time.perf_counter() - t)
-        for key, xs in zip(out, (block, steps, contiguous, calls), strict=True):
-            out[key].append(float(np.median(xs)))
+        medians, used = _ratio_round(model, setup, reqs, max_len, repeats, kernels,
+                                     contiguous_call)
+        for key, x in zip(out, medians, strict=True):
+            out[key].append(x)
     ratios = [p / e for p, e in zip(out["phases_step_s"], out["engine_step_s"], strict=True)]
     calls = [p / e for p, e in zip(out["phases_interleaved_s"], out["engine_call_s"],
                                    strict=True)]
     step_s, phases_s = float(np.median(out["engine_step_s"])), \
         float(np.median(out["phases_step_s"]))
     return {"batch": B, "context": S, "view_tokens": max_len, "steps_per_round": repeats,
-            "kernels": alone.kernels,
+            "kernels": used,
             "rounds": rounds, **{f"{k}_by_round": v for k, v in out.items()},
             "engine_step_s": step_s, "phases_step_s": phases_s,
             "engine_tokens_per_s": B / step_s, "phases_tokens_per_s": B / phases_s,
             "ratio_by_round": ratios, "call_ratio_by_round": calls,
             "ratio": float(np.median(ratios)), "call_ratio": float(np.median(calls))}
+
+
+class _ContiguousDecode:
+    """The jitted `Phases` decode at (B, S) on a contiguous cache of S + 1 tokens, compiled
+    and warm; each call is one step at context S, its seconds returned."""
+
+    def __init__(self, model, batch: int, context: int):
+        phases = refmodel.Phases(model)
+        self.state, self.token, cache = phases.example_args("decode", batch, context, fill=True)
+        self.fn = phases.jitted["decode"]
+        _, self.cache = self.fn(self.state, self.token, cache)  # compile and warm
+
+    def __call__(self) -> float:
+        self.cache = self.cache.replace(pos=self.cache.pos - 1)  # stay at context S
+        t = time.perf_counter()
+        out, self.cache = self.fn(self.state, self.token, self.cache)
+        jax.block_until_ready(out)
+        return time.perf_counter() - t
+
+
+def _decode_engine(model, setup: Setup, max_len: int, kernels: str) -> Engine:
+    B, ps = setup.decode_batch, setup.page_size
+    e = Engine(model, num_pages=B * pages_for(max_len, ps), page_size=ps, policy="mixed",
+               token_budget=max_len, max_running=B, prefix_cache=False,
+               max_len=max_len, shapes="fixed", kernels=kernels)
+    e.warmup()
+    return e
+
+
+def _ratio_round(model, setup: Setup, reqs: list, max_len: int, repeats: int, kernels: str,
+                 contiguous_call) -> tuple[list[float], str]:
+    """One round of `decode_ratio`: the medians of (Phases calls after each step, the engine's
+    decode steps, Phases calls alternating with, the engine's paged calls alone), and the
+    page kernels the engine used."""
+    B = setup.decode_batch
+    after: list[float] = []  # a Phases call after every step of the run
+    run = _decode_engine(model, setup, max_len, kernels).run(
+        reqs, progress=lambda _, a=after: a.append(contiguous_call()))
+    pairs = [(s.seconds, p) for s, p in zip(run.steps, after, strict=True)
+             if s.decode_rows == B and not s.prefill]  # the prompts' steps, then decodes
+    steps, block = [e for e, _ in pairs], [p for _, p in pairs]
+    # the same requests, stopped once all B decode: that call alone
+    alone = _decode_engine(model, setup, max_len, kernels)
+    alone.scheduler.submit(reqs)
+    plan = alone.scheduler.schedule(0.0)
+    while plan.prefill or len(plan.decode) < B:  # one prompt's prefill per step
+        alone.scheduler.commit(plan, alone.execute(plan), 0.0)
+        plan = alone.scheduler.schedule(0.0)
+    calls, contiguous = [], []
+    for _ in range(repeats):
+        contiguous.append(contiguous_call())
+        t = time.perf_counter()
+        np.asarray(alone._call(plan.decode, B, 1))  # rewrites the same positions
+        calls.append(time.perf_counter() - t)
+    return [float(np.median(xs)) for xs in (block, steps, contiguous, calls)], alone.kernels
+
+
+@dataclasses.dataclass
+class _Load:
+    """What every run of one serve measurement shares: its SLOs, the pool that holds every
+    running sequence, and the rates (fractions of the naive capacity) with their traces."""
+
+    cfg: refmodel.ModelConfig
+    unloaded: dict
+    slo: dict
+    capacity: float
+    max_len: int
+    full_pool: int
+    fractions: tuple
+    rates: list
+    traces: list
+
+
+def _load(model, setup: Setup, cfg) -> _Load:
+    """The unloaded latency, the SLOs and capacity scaled from it, and the traces at each
+    rate, with the pool sized for the longest request of any of them."""
+    def full_pool(max_len: int) -> int:
+        return setup.max_running * pages_for(max_len, setup.page_size) + \
+            pages_for(setup.system_len, setup.page_size)
+
+    # lengths do not depend on the rate (same seed, same draws): size the pool first
+    probe = trace(setup, cfg, 1.0) + unloaded_trace(setup, cfg)
+    max_len = _max_len(setup, probe)
+    base = unloaded(model, setup, cfg, max_len, full_pool(max_len))
+    slo = {"ttft_s": setup.slo_scale * base["ttft_s"], "tpot_s": setup.slo_scale * base["tpot_s"]}
+    capacity = setup.max_running / base["e2e_s"]
+    fractions = setup.rate_fractions if setup.rates is None else \
+        tuple(r / capacity for r in setup.rates)
+    rates = [f * capacity for f in fractions]
+    traces = [trace(setup, cfg, rate) for rate in rates]
+    if _max_len(setup, [r for t in traces for r in t]) > max_len:  # chat's lengths may vary
+        max_len = _max_len(setup, [r for t in traces for r in t] + probe)
+    return _Load(cfg, base, slo, capacity, max_len, full_pool(max_len), fractions, rates,
+                 traces)
 
 
 def measure(setup: Setup, progress=None) -> dict:
@@ -279,59 +338,10 @@ def measure(setup: Setup, progress=None) -> dict:
     model = refmodel.init(cfg, seed=setup.seed)
     say = progress or (lambda _: None)
     say("unloaded latency")
-    # lengths do not depend on the rate (same seed, same draws): size the pool first
-    probe = trace(setup, cfg, 1.0) + unloaded_trace(setup, cfg)
-    max_len = _max_len(setup, probe)
-    full_pool = setup.max_running * pages_for(max_len, setup.page_size) + \
-        pages_for(setup.system_len, setup.page_size)
-    base = unloaded(model, setup, cfg, max_len, full_pool)
-    slo = {"ttft_s": setup.slo_scale * base["ttft_s"], "tpot_s": setup.slo_scale * base["tpot_s"]}
-    capacity = setup.max_running / base["e2e_s"]
-    fractions = setup.rate_fractions if setup.rates is None else \
-        tuple(r / capacity for r in setup.rates)
-    rates = [f * capacity for f in fractions]
-    traces = [trace(setup, cfg, rate) for rate in rates]
-    if _max_len(setup, [r for t in traces for r in t]) > max_len:  # chat's lengths may vary
-        max_len = _max_len(setup, [r for t in traces for r in t] + probe)
-        full_pool = setup.max_running * pages_for(max_len, setup.page_size) + \
-            pages_for(setup.system_len, setup.page_size)
-    runs = []
-    for policy in setup.policies:
-        for frac, rate, reqs in zip(fractions, rates, traces, strict=True):
-            say(f"{policy} at {rate:.2f} requests/s")
-            engine = _engine(model, setup, full_pool, max_len, policy, array_pages=full_pool)
-            runs.append(record(engine.run(reqs), reqs, slo,
-                               {"experiment": "policy", "policy": policy, "rate": rate,
-                                "rate_fraction": frac}))
-    if setup.peer:
-        say("transformers generate, static batches")
-        peer = hf_static(cfg, traces, setup.max_running)
-        for frac, rate, reqs, done in zip(fractions, rates, traces,
-                                          peer.get("runs", [None] * len(rates)), strict=True):
-            if done is None:
-                break
-            runs.append(peer_record(done, reqs, slo, {"experiment": "peer",
-                                                      "policy": "hf static", "rate": rate,
-                                                      "rate_fraction": frac}))
-        peer = {k: v for k, v in peer.items() if k != "runs"}
-    else:
-        peer = {"name": HF_NAME, "error": "not asked for (peer=False)"}
-    mid = len(rates) // 2
-    rate, reqs = rates[mid], traces[mid]
-    say("prefix cache off")
-    no_cache = _engine(model, setup, full_pool, max_len, "mixed", prefix_cache=False,
-                       array_pages=full_pool)
-    runs.append(record(no_cache.run(reqs), reqs, slo, {"experiment": "prefix cache off",
-                                                       "policy": "mixed", "rate": rate,
-                                                       "rate_fraction": fractions[mid]}))
-    smallest = pages_for(max_len, setup.page_size)  # one sequence must fit
-    for frac in setup.pool_fractions:
-        pages = max(smallest, int(round(frac * full_pool)))
-        say(f"pool of {pages} pages")
-        engine = _engine(model, setup, pages, max_len, "mixed", array_pages=full_pool)
-        runs.append(record(engine.run(reqs), reqs, slo,
-                           {"experiment": "pool", "policy": "mixed", "rate": rate,
-                            "rate_fraction": fractions[mid], "pool_fraction": frac}))
+    load = _load(model, setup, cfg)
+    runs = _policy_runs(model, setup, load, say)
+    peer_runs, peer = _peer_runs(setup, load, say)
+    runs += peer_runs + _cache_and_pool_runs(model, setup, load, say)
     say("decode step: engine vs Phases")
     steps, rounds = setup.decode_steps, setup.decode_rounds
     ratio = decode_ratio(model, setup, steps, rounds)
@@ -339,14 +349,69 @@ def measure(setup: Setup, progress=None) -> dict:
         say("decode step: engine (XLA's page gather) vs Phases")
         xla = decode_ratio(model, setup, steps, rounds, kernels="xla")
         ratio["xla"] = {k: xla[k] for k in ("ratio", "call_ratio", "ratio_by_round",
-                                                    "call_ratio_by_round", "engine_step_s",
-                                                    "phases_step_s")}
+                                            "call_ratio_by_round", "engine_step_s",
+                                            "phases_step_s")}
     return {"kind": KIND, "setup": dataclasses.asdict(setup),
             "model": {"preset": setup.model, "label": refmodel.attention.label(cfg),
                       "dtype": cfg.dtype, "params": refmodel.costs.param_counts(cfg)["total"]},
-            "unloaded": base, "slo": slo, "capacity_requests_per_s": capacity,
-            "full_pool_pages": full_pool, "max_len": max_len, "runs": runs,
-            "claims": claims(runs, ratio), "decode": ratio, "peer": peer}
+            "unloaded": load.unloaded, "slo": load.slo,
+            "capacity_requests_per_s": load.capacity, "full_pool_pages": load.full_pool,
+            "max_len": load.max_len, "runs": runs, "claims": claims(runs, ratio),
+            "decode": ratio, "peer": peer}
+
+
+def _policy_runs(model, setup: Setup, load: _Load, say) -> list[dict]:
+    """Each policy on the same trace at each rate, with the full pool."""
+    runs = []
+    for policy in setup.policies:
+        for frac, rate, reqs in zip(load.fractions, load.rates, load.traces, strict=True):
+            say(f"{policy} at {rate:.2f} requests/s")
+            engine = _engine(model, setup, load.full_pool, load.max_len, policy,
+                             array_pages=load.full_pool)
+            runs.append(record(engine.run(reqs), reqs, load.slo,
+                               {"experiment": "policy", "policy": policy, "rate": rate,
+                                "rate_fraction": frac}))
+    return runs
+
+
+def _peer_runs(setup: Setup, load: _Load, say) -> tuple[list[dict], dict]:
+    """transformers' static batches on the policy traces (setup.peer): (its runs, what it
+    was or why it did not run)."""
+    if not setup.peer:
+        return [], {"name": HF_NAME, "error": "not asked for (peer=False)"}
+    say("transformers generate, static batches")
+    peer = hf_static(load.cfg, load.traces, setup.max_running)
+    runs = []
+    for frac, rate, reqs, done in zip(load.fractions, load.rates, load.traces,
+                                      peer.get("runs", [None] * len(load.rates)), strict=True):
+        if done is None:
+            break
+        runs.append(peer_record(done, reqs, load.slo, {"experiment": "peer",
+                                                       "policy": "hf static", "rate": rate,
+                                                       "rate_fraction": frac}))
+    return runs, {k: v for k, v in peer.items() if k != "runs"}
+
+
+def _cache_and_pool_runs(model, setup: Setup, load: _Load, say) -> list[dict]:
+    """The middle rate's mixed run again with the prefix cache off, then with smaller pools."""
+    mid = len(load.rates) // 2
+    rate, reqs, frac = load.rates[mid], load.traces[mid], load.fractions[mid]
+    say("prefix cache off")
+    no_cache = _engine(model, setup, load.full_pool, load.max_len, "mixed", prefix_cache=False,
+                       array_pages=load.full_pool)
+    runs = [record(no_cache.run(reqs), reqs, load.slo, {"experiment": "prefix cache off",
+                                                        "policy": "mixed", "rate": rate,
+                                                        "rate_fraction": frac})]
+    smallest = pages_for(load.max_len, setup.page_size)  # one sequence must fit
+    for pool_frac in setup.pool_fractions:
+        pages = max(smallest, int(round(pool_frac * load.full_pool)))
+        say(f"pool of {pages} pages")
+        engine = _engine(model, setup, pages, load.max_len, "mixed",
+                         array_pages=load.full_pool)
+        runs.append(record(engine.run(reqs), reqs, load.slo,
+                           {"experiment": "pool", "policy": "mixed", "rate": rate,
+                            "rate_fraction": frac, "pool_fraction": pool_frac}))
+    return runs
 
 
 def peer_record(done: list[dict], requests, slo: dict, label: dict) -> dict:
@@ -368,7 +433,9 @@ def peer_record(done: list[dict], requests, slo: dict, label: dict) -> dict:
 
 
 def claims(runs: list[dict], decode: dict) -> dict:
-    """The issue's three speed ratios from the runs (None where a run is missing)."""
+    """The three speed ratios serve.md leads with, from the runs (None where a run is
+    missing): the engine's decode step over Phases', prefix caching's TTFT speedup, goodput
+    per policy at each rate."""
     def find(**kw):
         return [r for r in runs if all(r.get(k) == v for k, v in kw.items())]
 

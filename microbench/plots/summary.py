@@ -1,16 +1,12 @@
-"""The text of a run, from its saved results, without JAX: the summary table, the speed
-report, and `draw` (every figure and summary.md), so `python -m microbench figures` redraws
-figures/ on a machine where JAX is not even installed.
+"""The text of a roofline run, from its saved results, without JAX: summary.md (the roofs,
+the phase points beside their predictions, the band count) and the speed report's lines.
+plots.saved draws it with the figures; `phases --report` and `run` print it.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from microbench import plots
-from microbench.files import output_set, read_json, write_text_atomic
-from microbench.plots import fmt_si
-from microbench.plots.claims import PRODUCTS, products
+from microbench.plots.claims import BACKENDS, backends
+from microbench.plots.common import fmt_si
 from microbench.roofline import BAND
 from microbench.schema import point_sweeps
 
@@ -111,8 +107,8 @@ def summary_markdown(peaks: dict, phases: dict) -> str:
              f"Measured {peaks['environment'].get('date_utc', '?')[:10]}, jax "
              f"{peaks['environment'].get('jax_version', '?')}, "
              f"model '{phases['model']['preset']}' ({phases['model']['params'] / 1e6:.1f}M "
-             f"params, {phases['model']['dtype']}); weight products: "
-             f"{products(phases['points'])}.", ""]
+             f"params, {phases['model']['dtype']}); backend: "
+             f"{backends(phases['points'])}.", ""]
     lines += roof_rows(peaks)
     lines += probe_lines(phases)
     band = band_summary(phases["points"])
@@ -139,24 +135,6 @@ def summary_markdown(peaks: dict, phases: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def draw(out_dir, data_dir=None) -> list[Path]:
-    """Every figure (plots.draw_all) and summary.md from saved peaks.json and phases.json (in
-    data_dir, default out_dir), written into out_dir as one set (files.output_set)."""
-    peaks, phases = plots.load_saved(data_dir or out_dir)
-    serve_file = Path(data_dir or out_dir) / "serve.json"
-    serve = read_json(serve_file) if serve_file.exists() else None
-    with output_set(out_dir) as tmp:
-        written = plots.draw_all(tmp, peaks, phases)
-        if phases is not None:
-            written.append(write_text_atomic(tmp / "summary.md", summary_markdown(peaks, phases)))
-        if serve is not None:  # the serving figures and claims (`microbench serve`)
-            from microbench.plots.serving import draw_serving, serving_summary
-
-            written += draw_serving(serve, tmp)
-            written.append(write_text_atomic(tmp / "serve.md", serving_summary(serve) + "\n"))
-    return [Path(out_dir) / p.relative_to(tmp) for p in written]
-
-
 def moment_factor(point: dict, key: str, roof_value: float) -> float:
     """The roof of the point's moment (its prediction's, drift-scaled and capped at the best
     round, roofline.drift_cap) over the roof as measured in the rounds."""
@@ -179,8 +157,8 @@ def format_report(rep: dict) -> str:
     """The lines the `phases --report` command prints."""
     d = rep["decode"]
     lines = [
-        f"model '{rep['model']}' ({rep['params'] / 1e6:.0f}M params, float32; weight "
-        f"products: {PRODUCTS.get(rep.get('matmul', 'xla'))})",
+        f"model '{rep['model']}' ({rep['params'] / 1e6:.0f}M params, float32; backend: "
+        f"{BACKENDS.get(rep.get('backend', 'xla'))})",
         f"decode  batch 1 @ context {d['context']}: {d['timing']['median'] * 1e3:.1f} ms/step, "
         f"{d['bytes_per_s']['median'] / 1e9:.1f} GB/s = {rep['decode_over_dram']:.2f} of the "
         f"'{rep['dram_roof']}' roof at its moment ({rep['dram_roof_bytes_per_s'] / 1e9:.1f} GB/s "

@@ -11,7 +11,7 @@ back, every program that can reach each main roof:
     main_read     jnp.sum                              C read (all cores, 4 streams each)
 
 plus the probes, a short XLA read and GEMM that later phase points repeat before and after
-themselves (microbench.probe; the points' read probe is the C read itself where gcc built it,
+themselves (microbench.roofs.probe; the points' read probe is the C read itself where gcc built it,
 its reference the C read's rounds), so each prediction can be scaled to its own moment.
 
 A roof is the program that reached the most (median over rounds), labelled with its name: the
@@ -31,11 +31,12 @@ import weakref
 
 import numpy as np
 
-from microbench import harness, native
-from microbench.peers import close_child, peer_environment
+from microbench import harness
+from microbench.roofs import native
+from microbench.roofs.peers import close_child, peer_environment
 
 METRICS = ("gemm_float32", "main_rw", "main_read")
-PROBES = ("probe", "probe_gemm")  # references for microbench.probe
+PROBES = ("probe", "probe_gemm")  # references for microbench.roofs.probe
 # Where a peer streams at the hardware's limit, ours above it is a measurement error; a GEMM
 # of ours beating numpy's is not (the compute check is the theoretical peak, guard.py).
 MEMORY_METRICS = ("main_rw", "main_read")
@@ -124,7 +125,7 @@ class Ours:
                  source: np.ndarray | None = None, budget_s: float = 0.5):
         import jax.numpy as jnp
 
-        from microbench import bandwidth, compute, probe
+        from microbench.roofs import bandwidth, compute, probe
 
         self.gemm_shape, self.n_main, self.budget_s = tuple(gemm_shape), n_main, budget_s
         self._gemm_fn, self.gemm_label = compute.gemm_fn("float32")

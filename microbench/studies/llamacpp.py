@@ -12,7 +12,7 @@ llama-cpp-python bindings), the engine most people run on a CPU, given the very 
     (MoE, biases, qk-norm, soft-caps, partial rotary, ...) is refused with a ValueError that
     names the field.
   * `Server(gguf_path, context)` loads that file once in a long-lived child process, so the
-    rounds of a benchmark can be interleaved with other programs' (`microbench.rounds`); its
+    rounds of a benchmark can be interleaved with other programs' (`microbench.roofs.rounds`); its
     `round(steps)` times single-token decode steps at a fixed context, `greedy` and `logits`
     let a test check that llama.cpp computes the same function as refmodel.
 
@@ -57,7 +57,7 @@ from pathlib import Path
 
 import numpy as np
 
-from microbench.peers import close_child, peer_environment
+from microbench.roofs.peers import close_child, peer_environment
 
 ARCH = "llama"
 # Room past the timed context for `greedy` and `logits` (prompt + new tokens <= n_ctx).
@@ -97,7 +97,7 @@ LLAMA_FIELDS = (
     ("dtype", "float32", "float32 weights (the file is F32)"),
     ("weight_format", "none", "unquantized weights"),
     ("kv_format", "none", "a float cache, as llama.cpp's"),
-    ("matmul", "xla", "input-major weights (the native kernels store them output-major)"),
+    ("backend", "xla", "weights as declared (other backends store them their own way)"),
 )
 
 
@@ -143,8 +143,9 @@ def gguf_tensors(model) -> dict[str, np.ndarray]:
     cfg = model.cfg
     N, K = cfg.n_heads, kv_heads(cfg, cfg.layer_kinds[0])
 
-    def rows(w):  # refmodel's [in, out] -> GGUF's [out, in]
-        return np.ascontiguousarray(np.asarray(w[...], np.float32).T)
+    def rows(w, inputs: int = 1):  # refmodel's [*in, *out] -> GGUF's [prod(out), prod(in)]
+        a = np.asarray(w[...], np.float32)
+        return np.ascontiguousarray(a.reshape(int(np.prod(a.shape[:inputs])), -1).T)
 
     embed = np.asarray(model.embed.embedding[...], np.float32)  # [V, D]
     out = {"token_embd.weight": embed,
@@ -157,7 +158,7 @@ def gguf_tensors(model) -> dict[str, np.ndarray]:
                 f"blk.{i}.attn_q.weight": permute_rope(rows(a.wq), N),  # [N*H, D]
                 f"blk.{i}.attn_k.weight": permute_rope(rows(a.wk), K),  # [K*H, D]
                 f"blk.{i}.attn_v.weight": rows(a.wv),  # [K*H, D]
-                f"blk.{i}.attn_output.weight": rows(a.wo),  # [D, N*H]
+                f"blk.{i}.attn_output.weight": rows(a.wo, 2),  # [D, N*H]
                 f"blk.{i}.ffn_norm.weight": np.asarray(block.ffn_norm.scale[...], np.float32),
                 f"blk.{i}.ffn_gate.weight": rows(f.w_gate),  # [F, D]
                 f"blk.{i}.ffn_up.weight": rows(f.w_up),  # [F, D]
@@ -246,7 +247,7 @@ class Server:
                 str(int(flash_attn))]
         # stderr to a file, not a pipe: llama.cpp's log lines could fill a pipe nobody reads
         self._stderr = tempfile.TemporaryFile(mode="w+")
-        self._proc = subprocess.Popen([sys.executable, "-m", "microbench.llamacpp", *args],
+        self._proc = subprocess.Popen([sys.executable, "-m", "microbench.studies.llamacpp", *args],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=self._stderr, text=True, env=peer_environment())
         # ends the child when closed, collected or at exit (before modules are torn down)

@@ -30,7 +30,7 @@ import dataclasses
 
 import refmodel
 from microbench import hardware
-from microbench.scale import MEMORY_USE, chip_of, links_of
+from microbench.studies.scale import MEMORY_USE, chip_of, links_of
 from refmodel import costs
 from refmodel.moe import MoE, expected_distinct_experts
 from refmodel.parallel import comms

@@ -1,10 +1,10 @@
 """The memory hierarchy at a fixed thread count: read bandwidth per level, checked monotone.
 
-Regime: the native read kernel (microbench.native `sweep`) over a geometric ladder of working
+Regime: the native read kernel (microbench.roofs.native `sweep`) over a geometric ladder of working
 sets, once with every allowed core (each thread re-reading its own slice, pinned) and once
 with one core. XLA:CPU splits only large elementwise ops across cores, so a JAX sweep mixes
 one-core and all-core regimes (it measured L3 above L2 on these machines); here the thread
-count is fixed per series. Plateaus are found by microbench.plateaus and named after the cache
+count is fixed per series. Plateaus are found by microbench.roofs.plateaus and named after the cache
 sizes the OS reports (aggregated over the cores of the series); then L1 >= L2 >= L3 >= main
 memory is checked, and a level faster than a smaller one is flagged with its likely cause and
 never used as a roof. The all-core series is also the working-set curve the phase predictions
@@ -13,7 +13,8 @@ interpolate (microbench.roofline.curve_bandwidth).
 
 from __future__ import annotations
 
-from microbench import harness, native, plateaus, roofline, sysinfo
+from microbench import harness, roofline, sysinfo
+from microbench.roofs import native, plateaus
 
 RATIO = 1.41  # geometric step of the ladder (about two points per doubling)
 MIN_BYTES = 128 << 20  # bytes moved per timed call, so small slices are timed well

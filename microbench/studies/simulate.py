@@ -2,7 +2,7 @@
 the model replaced by a predicted step time.
 
 For each model (a preset, optionally "+<attention kind>" or "+moe"), the serve benchmark's
-trace shape and SLOs (microbench.serve: a shared system prompt, Poisson arrivals, SLOs and
+trace shape and SLOs (microbench.studies.serve: a shared system prompt, Poisson arrivals, SLOs and
 rates scaled from the unloaded latency), every policy x rate runs three ways:
 
     engine     the real engine (refmodel.serving.engine), wall clock
@@ -35,7 +35,10 @@ import math
 import numpy as np
 
 import refmodel
-from microbench import overhead, points, roofline, serve
+from microbench import roofline
+from microbench.phases import points
+from microbench.roofs import overhead
+from microbench.studies import serve
 from refmodel.serving.pool import pages_for
 from refmodel.sim.cluster import Chip
 from refmodel.sim.predict import EngineCalls, RooflineTime, TableTime
@@ -43,7 +46,7 @@ from refmodel.sim.simulator import Simulator
 
 KIND = "simulate"
 METRICS = ("ttft_s", "tpot_s", "e2e_s")
-GOALS = {"ttft_s": 0.15, "tpot_s": 0.10, "e2e_s": 0.10}  # the issue's MAPE targets
+GOALS = {"ttft_s": 0.15, "tpot_s": 0.10, "e2e_s": 0.10}  # MAPE a predictor must stay within
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +145,60 @@ def mape(pred, true) -> float | None:
     return float(np.mean([abs(p - t) / t for p, t in pairs])) if pairs else None
 
 
+@dataclasses.dataclass(frozen=True)
+class _Rig:
+    """One model's engines in the check: the serve setup, the longest request and the pool
+    that every run's engine and every call table use."""
+
+    model: object
+    setup: serve.Setup
+    c: Check
+    max_len: int
+    pool: int
+
+    def engine(self, policy: str = "mixed"):
+        return serve._engine(self.model, self.setup, self.pool, self.max_len, policy,
+                             array_pages=self.pool)
+
+    def table(self, engine=None) -> dict:
+        """Every call shape's median time, on `engine` (default: a fresh one); the system
+        prompt's whole pages are read by every row, as in the trace."""
+        shared = self.c.system_len // self.c.page_size
+        engine = engine or self.engine()
+        return {k: float(np.median(v))
+                for k, v in engine.time_shapes(self.c.table_repeats, shared_pages=shared).items()}
+
+    def run(self, policy: str, reqs: list, calls, predictors: dict) -> dict:
+        """One trace run by the engine `engine_repeats` times (its own run-to-run noise), each
+        run after its call table is measured (just before it: the machine's drift follows),
+        then by the simulator with each predictor; the table predictor uses the first table."""
+        c = self.c
+        reals, tables = [], []
+        for _ in range(c.engine_repeats):
+            engine = self.engine(policy)
+            tables.append(self.table(engine))
+            reals.append(engine.run(reqs))
+        predictors = {**predictors, "table": TableTime(tables[0], calls)}
+        means = [_means([real.timelines[r.id] for r in reqs]) for real in reals]
+        row = {"table_s": _keyed(tables[0]),
+               "steps": [len(real.steps) for real in reals],
+               "compiles": [real.compiles for real in reals],
+               "engine_runs": means,
+               "engine": {k: float(np.mean([m[k] for m in means])) for k in means[0]}
+               | {"requests": _per_request(reals[0], reqs)}}
+        for name, predictor in predictors.items():
+            sim = Simulator(predictor, num_pages=self.pool, page_size=c.page_size,
+                            policy=policy, token_budget=c.token_budget,
+                            max_running=c.max_running, prefix_cache=engine.cache is not None,
+                            host_time=True)
+            run = sim.run(reqs)
+            row[name] = {**_means([run.timelines[r.id] for r in reqs]),
+                         "requests": _per_request(run, reqs), "steps": len(run.steps)}
+        return row
+
+
 def check_model(spec: str, c: Check, peaks: dict | None, say) -> dict:
+    """One model of the check: every policy x rate run by the engine and by each predictor."""
     cfg = model_config(spec)
     model = refmodel.init(cfg, seed=c.seed)
     setup = c.serve_setup(cfg.name)
@@ -150,21 +206,15 @@ def check_model(spec: str, c: Check, peaks: dict | None, say) -> dict:
     max_len = serve._max_len(setup, probe)
     pool = c.max_running * pages_for(max_len, c.page_size) + pages_for(c.system_len,
                                                                        c.page_size)
+    rig = _Rig(model, setup, c, max_len, pool)
     say(f"{spec}: unloaded latency, call table")
     base = serve.unloaded(model, setup, cfg, max_len, pool)
     slo = {"ttft_s": c.slo_scale * base["ttft_s"], "tpot_s": c.slo_scale * base["tpot_s"]}
     capacity = c.max_running / base["e2e_s"]
-    shared = c.system_len // c.page_size  # whole pages of the system prompt every row shares
-
-    def table() -> dict:
-        fresh = serve._engine(model, setup, pool, max_len, array_pages=pool)
-        return {k: float(np.median(v))
-                for k, v in fresh.time_shapes(c.table_repeats, shared_pages=shared).items()}
-
-    before = table()
-    probe_engine = serve._engine(model, setup, pool, max_len, array_pages=pool)
+    before = rig.table()
+    probe_engine = rig.engine()
     calls = EngineCalls.of(probe_engine)
-    predictors = {}  # "table" is measured on each run's own engine, below
+    predictors = {}  # "table" is measured on each run's own engine (_Rig.run)
     machine = None
     if peaks is not None:
         chip, curve, machine = machine_chip(peaks, probe_engine)
@@ -177,34 +227,9 @@ def check_model(spec: str, c: Check, peaks: dict | None, say) -> dict:
             rate = frac * capacity
             reqs = serve.trace(setup, cfg, rate)
             say(f"{spec}: {policy} at {rate:.1f} requests/s")
-            reals, tables = [], []
-            for _ in range(c.engine_repeats):  # the engine twice: its own run-to-run noise
-                engine = serve._engine(model, setup, pool, max_len, policy, array_pages=pool)
-                measured = {k: float(np.median(v))  # just before the run: drift follows
-                            for k, v in engine.time_shapes(c.table_repeats,
-                                                           shared_pages=shared).items()}
-                tables.append(measured)
-                reals.append(engine.run(reqs))
-            # the table predictor uses the table measured before the first engine run
-            predictors["table"] = TableTime(tables[0], calls)
-            means = [_means([real.timelines[r.id] for r in reqs]) for real in reals]
-            row = {"policy": policy, "rate": rate, "rate_fraction": frac,
-                   "table_s": _keyed(tables[0]),
-                   "steps": [len(real.steps) for real in reals],
-                   "compiles": [real.compiles for real in reals],
-                   "engine_runs": means,
-                   "engine": {k: float(np.mean([m[k] for m in means])) for k in means[0]}
-                   | {"requests": _per_request(reals[0], reqs)}}
-            for name, predictor in predictors.items():
-                sim = Simulator(predictor, num_pages=pool, page_size=c.page_size,
-                                policy=policy, token_budget=c.token_budget,
-                                max_running=c.max_running, prefix_cache=engine.cache is not None,
-                                host_time=True)
-                run = sim.run(reqs)
-                row[name] = {**_means([run.timelines[r.id] for r in reqs]),
-                             "requests": _per_request(run, reqs), "steps": len(run.steps)}
-            runs.append(row)
-    after = table()
+            runs.append({"policy": policy, "rate": rate, "rate_fraction": frac,
+                         **rig.run(policy, reqs, calls, predictors)})
+    after = rig.table()
     return {"model": spec, "config": {"attention": cfg.attention, "ffn": cfg.ffn,
                                       "n_layers": cfg.n_layers, "d_model": cfg.d_model},
             "max_len": max_len, "num_pages": pool, "unloaded": base, "slo": slo,

@@ -2,9 +2,9 @@
 
 Runs, in order: GEMM per dtype (matrix roof), the FMA-chain sweep (vector roof), the STREAM
 kernels on main-memory arrays (fresh output and donated), the memory hierarchy at a fixed
-thread count (microbench.hierarchy, a native read), XLA's own working-set sweep, and the
+thread count (microbench.roofs.hierarchy, a native read), XLA's own working-set sweep, and the
 arithmetic-intensity sweep; interleaved with them, rounds of the main roofs beside peer
-programs (microbench.rounds: at the start, in the middle and at the end, so drift shows).
+programs (microbench.roofs.rounds: at the start, in the middle and at the end, so drift shows).
 
 The roofs are the hardware's: each main roof is the best program of the rounds (ours or a
 peer), labelled with that program; what XLA reaches is kept as `roofs.compiler`. Cache levels
@@ -24,20 +24,17 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from microbench import (
+from microbench import hardware, harness, roofline, sysinfo
+from microbench.roofs import (
     bandwidth,
     compute,
     guard,
-    hardware,
-    harness,
     hierarchy,
     intensity,
     overhead,
     plateaus,
     probe,
-    roofline,
     rounds,
-    sysinfo,
 )
 from microbench.schema import KIND_PEAKS, SCHEMA_VERSION, validate_result
 
@@ -141,8 +138,8 @@ def measure_vector(plan: Plan, spec, progress: bool = True) -> list[dict]:
 def measure_bandwidth(plan: Plan, spec, env: dict, source: np.ndarray,
                       progress: bool = True) -> list[dict]:
     n, main = plan.dram_array_bytes // 4, roofline.main_memory_name(env)
-    # Donated (in place) for every kernel that writes; fresh output only for scale, the lesson
-    # of what page faults on new output cost (on these VMs ~1.7 s per GiB, a slow path).
+    # Donated (in place) for every kernel that writes; fresh output only for scale, to show
+    # what page faults on new output cost (on a VM a slow path: seconds per GiB).
     jobs = [(kern, donated) for kern in bandwidth.KERNELS.values()
             for donated in (((False, True) if kern.name == "scale" else (True,))
                             if kern.can_donate else (False,))]
@@ -310,11 +307,11 @@ def _flag_the_untrusted(check: dict, read: dict, memory_roofs: list[dict], resul
                         ) -> None:
     """Main memory's read-only roof above the last cache level's plateau: one of the two is
     not what it claims. A read roof taken in the rounds over an array of at least 16x the
-    last-level cache cannot have been served by that cache (the original failure: a 128 MiB
-    array partly cache-resident read at 140 GB/s), so the plateau is the untrusted one: a
+    last-level cache cannot have been served by that cache (a smaller array, partly
+    cache-resident, can read far above main memory), so the plateau is the untrusted one: a
     "cache" slower than main memory at these sizes is not a cache this machine gives these
     threads (a VM's L3 shared with other guests, or a size it misreports). Otherwise the read
-    roof is the suspect, as before. The check records which one was flagged."""
+    roof is the suspect. The check records which one was flagged."""
     llc = roofline.last_level_bytes(result["hierarchy"]["all_cores"]["cache_capacities"])
     array = (result.get("plan") or {}).get("dram_array_bytes") or 0
     cache = next((r for r in memory_roofs if r["name"] == check["smaller"]), None)
@@ -525,7 +522,7 @@ def measure_peaks(quick: bool, out_dir, progress: bool = True, rounds_: int | No
 def quick_roofs(n_gemm: int = 1024, array_bytes: int | None = None, budget_s: float = 0.1,
                 min_samples: int = 3) -> dict:
     """A peaks-like {machine, roofs, main_roofs, environment, sweep} in a few seconds, for
-    notebooks: one round of the main roofs (microbench.rounds) -- XLA's f32 GEMM, read and
+    notebooks: one round of the main roofs (microbench.roofs.rounds) -- XLA's f32 GEMM, read and
     in-place scale beside numpy and the native C read/scale/triad -- on a main-memory array
     (max(1 GiB, 16 x LLC); a smaller `array_bytes` is raised to at least 8 x LLC, so at most
     an eighth of it can sit in the cache). Each roof is the best program, labelled with its

@@ -135,9 +135,6 @@ def _describe(recipe_name: str, model) -> dict:
 
 def measure(setup: Setup, roofs: dict | None = None, progress=lambda what: None) -> dict:
     """Everything the module docstring lists, as one JSON-ready dict."""
-    import refmodel
-    from refmodel import costs
-    from refmodel import speculative as sp
     from refmodel.training import trained
 
     setup.check()
@@ -146,6 +143,41 @@ def measure(setup: Setup, roofs: dict | None = None, progress=lambda what: None)
     target, draft = trained(setup.target), trained(setup.draft)
     texts = prompts(setup.prompts, setup.prompt_len)
     configs = [("none", 0)] + [(d, k) for d in setup.drafters for k in setup.ks]
+    run = _generator(setup, target, draft)
+    progress("compiling every (drafter, k), checking its tokens against plain decode")
+    stats = _checked_runs(setup, target, run, configs, texts)
+    seconds = {c: [] for c in configs}  # per round: total over the prompts
+    for rnd in range(setup.rounds):
+        progress(f"timing round {rnd + 1} of {setup.rounds}")
+        for c in configs:
+            seconds[c].append(sum(run(*c, p)[1] for p in texts))
+    progress("step times: target and draft decode, verify of k + 1 tokens")
+    steps = _step_times(setup, target, draft)
+    # the loop's fixed cost per round: plain decode's time per token beyond its step's
+    n_plain = sum(r.rounds for r in stats[("none", 0)])
+    steps["plain_loop_s"] = statistics.median(seconds[("none", 0)]) / n_plain
+    steps["overhead"] = max(0.0, steps["plain_loop_s"] / steps["target_decode_s"] - 1.0)
+    runs = [_run_row(c, stats[c], seconds, steps) for c in configs]
+    sampled = _sampled(setup, run, runs, texts, steps, progress)
+    progress("the verify pass on the roofline")
+    roofline = _verify_roofline(target.cfg, setup.context, steps)
+    progress("batch: verify and draft cost relative to a target decode step")
+    best_a = next((r["acceptance"] for r in runs
+                   if r["drafter"] == "draft" and r["k"] == setup.batch_k), None)
+    batch = _batch_rows(setup, target, draft, best_a, steps["overhead"])
+    verify = steps.pop("verify")
+    return {"kind": "speculative", "setup": dataclasses.asdict(setup),
+            "models": {"target": _describe(setup.target, target),
+                       "draft": _describe(setup.draft, draft)},
+            "steps": {**steps, "verify_s": {str(k): s for k, s in verify.items()}},
+            "runs": runs, "sampled": sampled, "roofline": roofline, "batch": batch,
+            "batch_acceptance": best_a, "roofs": roofs, "wall_s": time.perf_counter() - t0}
+
+
+def _generator(setup: Setup, target, draft):
+    """run(drafter, k, prompt, temperature=0) -> (result, seconds): one generation of
+    setup.new_tokens by the target with that drafter proposing k tokens, timed."""
+    from refmodel import speculative as sp
 
     def drafter_of(name):
         return {"none": None, "draft": sp.Draft(draft), "lookup": sp.PromptLookup()}[name]
@@ -156,9 +188,16 @@ def measure(setup: Setup, roofs: dict | None = None, progress=lambda what: None)
                         temperature=temperature, seed=0)
         return r, time.perf_counter() - t
 
+    return run
+
+
+def _checked_runs(setup: Setup, target, run, configs: list, texts: list) -> dict:
+    """{(drafter, k): its greedy result per prompt}, each checked token for token against
+    plain decode (these runs also compile every configuration before it is timed)."""
+    import refmodel
+
     plain = [np.asarray(refmodel.generate(target, p, setup.new_tokens)) for p in texts]
     stats: dict[tuple, list] = {c: [] for c in configs}
-    progress("compiling every (drafter, k), checking its tokens against plain decode")
     for c in configs:
         for i, p in enumerate(texts):
             r, _ = run(*c, p)
@@ -166,95 +205,107 @@ def measure(setup: Setup, roofs: dict | None = None, progress=lambda what: None)
                 raise AssertionError(f"drafter {c[0]} k={c[1]}: greedy tokens differ from "
                                      f"plain decode on prompt {i}")
             stats[c].append(r)
-    seconds = {c: [] for c in configs}  # per round: total over the prompts
-    for rnd in range(setup.rounds):
-        progress(f"timing round {rnd + 1} of {setup.rounds}")
-        for c in configs:
-            seconds[c].append(sum(run(*c, p)[1] for p in texts))
-    progress("step times: target and draft decode, verify of k + 1 tokens")
+    return stats
+
+
+def _step_times(setup: Setup, target, draft) -> dict:
+    """Batch-1 step times at setup.context: a target and a draft decode step, and the target's
+    verify pass of k + 1 tokens for each k."""
     ctx, reps = setup.context, setup.step_repeats
     t_dec = step_seconds(target, 1, 1, ctx, reps)
     d_dec = step_seconds(draft, 1, 1, ctx, reps)
     verify = {k: step_seconds(target, 1, k + 1, ctx, reps) for k in setup.ks}
-    c_ratio = d_dec / t_dec
-    # the loop's fixed cost per round: plain decode's time per token beyond its step's
-    n_plain = sum(r.rounds for r in stats[("none", 0)])
-    per_round = statistics.median(seconds[("none", 0)]) / n_plain
-    overhead = max(0.0, per_round / t_dec - 1.0)
-    runs = []
-    for c in configs:
-        rs = stats[c]
-        accepted = np.concatenate([r.accepted.reshape(-1) for r in rs])
-        k = c[1]
-        judged = np.minimum(accepted + 1, k).sum() if k else 0
-        a = float(accepted.sum() / judged) if k else None
-        ratios = [b / s for b, s in zip(seconds[("none", 0)], seconds[c], strict=True)]
-        row = {"drafter": c[0], "k": k, "temperature": 0.0, "acceptance": a,
-               "tokens_per_pass": float(np.mean(accepted + 1)),
-               "rounds_per_prompt": [r.rounds for r in rs], "seconds": seconds[c],
-               "speedup": statistics.median(ratios), "speedup_rounds": ratios}
-        if k:
-            v = verify[k] / t_dec
-            cost = 0.0 if c[0] == "lookup" else c_ratio  # lookup runs no model
-            row["verify_ratio"], row["overhead"], row["draft_ratio"] = v, overhead, cost
-            row["predicted"] = sp.predicted_speedup(a, k, cost, v, overhead)
-            row["standard"] = sp.expected_tokens(a, k) / (k * cost + 1.0)
-        runs.append(row)
-    sampled = None
+    return {"context": ctx, "target_decode_s": t_dec, "draft_decode_s": d_dec,
+            "draft_ratio": d_dec / t_dec, "verify": verify}
+
+
+def _run_row(config: tuple, results: list, seconds: dict, steps: dict) -> dict:
+    """One (drafter, k): acceptance, tokens per pass, measured speedup over plain decode in
+    each round and, for k > 0, the predicted speedup and the standard formula's."""
+    from refmodel import speculative as sp
+
+    drafter, k = config
+    accepted = np.concatenate([r.accepted.reshape(-1) for r in results])
+    judged = np.minimum(accepted + 1, k).sum() if k else 0
+    a = float(accepted.sum() / judged) if k else None
+    ratios = [b / s for b, s in zip(seconds[("none", 0)], seconds[config], strict=True)]
+    row = {"drafter": drafter, "k": k, "temperature": 0.0, "acceptance": a,
+           "tokens_per_pass": float(np.mean(accepted + 1)),
+           "rounds_per_prompt": [r.rounds for r in results], "seconds": seconds[config],
+           "speedup": statistics.median(ratios), "speedup_rounds": ratios}
+    if k:
+        v = steps["verify"][k] / steps["target_decode_s"]
+        cost = 0.0 if drafter == "lookup" else steps["draft_ratio"]  # lookup runs no model
+        row["verify_ratio"], row["overhead"], row["draft_ratio"] = v, steps["overhead"], cost
+        row["predicted"] = sp.predicted_speedup(a, k, cost, v, steps["overhead"])
+        row["standard"] = sp.expected_tokens(a, k) / (k * cost + 1.0)
+    return row
+
+
+def _sampled(setup: Setup, run, runs: list, texts: list, steps: dict, progress) -> dict | None:
+    """One sampled run (setup.sample_temperature) of the draft model at its best greedy k:
+    acceptance and speedup over plain decode sampled alike (None: not asked for)."""
+    from refmodel import speculative as sp
+
     greedy_draft = [r for r in runs if r["drafter"] == "draft"]
-    if setup.sample_temperature > 0 and greedy_draft:
-        best = max(greedy_draft, key=lambda r: r["speedup"])
-        k, temp = best["k"], setup.sample_temperature
-        progress(f"sampling at temperature {temp}, k={k}")
-        for p in texts:
-            run("draft", k, p, temp)
-            run("none", 0, p, temp)
-        acc, s_spec, s_plain = [], 0.0, 0.0
-        for p in texts:
-            r, s = run("draft", k, p, temp)
-            s_spec += s
-            acc.append(r.accepted.reshape(-1))
-            s_plain += run("none", 0, p, temp)[1]
-        accepted = np.concatenate(acc)
-        a = float(accepted.sum() / np.minimum(accepted + 1, k).sum())
-        sampled = {"drafter": "draft", "k": k, "temperature": temp, "acceptance": a,
-                   "tokens_per_pass": float(np.mean(accepted + 1)),
-                   "speedup": s_plain / s_spec,
-                   "predicted": sp.predicted_speedup(a, k, c_ratio, verify[k] / t_dec,
-                                                     overhead)}
-    progress("the verify pass on the roofline")
-    roofline = []
-    for k, s in [(0, t_dec)] + sorted(verify.items()):
-        cst = costs.verify_costs(target.cfg, 1, ctx, k)
-        roofline.append({"k": k, "flops": cst["flops"], "bytes": cst["bytes"],
-                         "weight_bytes": cst["weight_bytes"], "intensity": cst["intensity"],
-                         "seconds": s, "flops_per_s": cst["flops"] / s,
-                         "bytes_per_s": cst["bytes"] / s})
-    progress("batch: verify and draft cost relative to a target decode step")
-    best_a = next((r["acceptance"] for r in runs
-                   if r["drafter"] == "draft" and r["k"] == setup.batch_k), None)
-    batch = []
+    if setup.sample_temperature <= 0 or not greedy_draft:
+        return None
+    best = max(greedy_draft, key=lambda r: r["speedup"])
+    k, temp = best["k"], setup.sample_temperature
+    progress(f"sampling at temperature {temp}, k={k}")
+    for p in texts:  # compile the sampling paths first
+        run("draft", k, p, temp)
+        run("none", 0, p, temp)
+    acc, s_spec, s_plain = [], 0.0, 0.0
+    for p in texts:
+        r, s = run("draft", k, p, temp)
+        s_spec += s
+        acc.append(r.accepted.reshape(-1))
+        s_plain += run("none", 0, p, temp)[1]
+    accepted = np.concatenate(acc)
+    a = float(accepted.sum() / np.minimum(accepted + 1, k).sum())
+    return {"drafter": "draft", "k": k, "temperature": temp, "acceptance": a,
+            "tokens_per_pass": float(np.mean(accepted + 1)), "speedup": s_plain / s_spec,
+            "predicted": sp.predicted_speedup(a, k, steps["draft_ratio"],
+                                              steps["verify"][k] / steps["target_decode_s"],
+                                              steps["overhead"])}
+
+
+def _verify_roofline(cfg, context: int, steps: dict) -> list[dict]:
+    """The decode step (k = 0) and each verify pass: counted FLOPs and bytes over its time."""
+    from refmodel import costs
+
+    rows = []
+    for k, s in [(0, steps["target_decode_s"])] + sorted(steps["verify"].items()):
+        cst = costs.verify_costs(cfg, 1, context, k)
+        rows.append({"k": k, "flops": cst["flops"], "bytes": cst["bytes"],
+                     "weight_bytes": cst["weight_bytes"], "intensity": cst["intensity"],
+                     "seconds": s, "flops_per_s": cst["flops"] / s,
+                     "bytes_per_s": cst["bytes"] / s})
+    return rows
+
+
+def _batch_rows(setup: Setup, target, draft, best_a: float | None, overhead: float) -> list:
+    """Verify (k = setup.batch_k) and draft step cost over a target decode step at each batch,
+    with the speedup predicted from the batch-1 acceptance at that k."""
+    from refmodel import costs
+    from refmodel import speculative as sp
+
+    ctx, reps, k = setup.context, setup.step_repeats, setup.batch_k
+    rows = []
     for b in setup.batches:
         dec = step_seconds(target, b, 1, ctx, reps)
-        ver = step_seconds(target, b, setup.batch_k + 1, ctx, reps)
+        ver = step_seconds(target, b, k + 1, ctx, reps)
         dd = step_seconds(draft, b, 1, ctx, reps)
         row = {"batch": b, "decode_s": dec, "verify_s": ver, "draft_s": dd,
                "verify_ratio": ver / dec, "draft_ratio": dd / dec}
         if best_a is not None:
-            row["predicted_speedup"] = sp.predicted_speedup(best_a, setup.batch_k, dd / dec,
-                                                            ver / dec, overhead)
-        cst = costs.verify_costs(target.cfg, b, ctx, setup.batch_k)
-        row["verify_intensity"] = cst["intensity"]
+            row["predicted_speedup"] = sp.predicted_speedup(best_a, k, dd / dec, ver / dec,
+                                                            overhead)
+        row["verify_intensity"] = costs.verify_costs(target.cfg, b, ctx, k)["intensity"]
         row["decode_intensity"] = costs.phase_costs(target.cfg, "decode", b, ctx)["intensity"]
-        batch.append(row)
-    return {"kind": "speculative", "setup": dataclasses.asdict(setup),
-            "models": {"target": _describe(setup.target, target),
-                       "draft": _describe(setup.draft, draft)},
-            "steps": {"context": ctx, "target_decode_s": t_dec, "draft_decode_s": d_dec,
-                      "draft_ratio": c_ratio, "plain_loop_s": per_round, "overhead": overhead,
-                      "verify_s": {str(k): s for k, s in verify.items()}},
-            "runs": runs, "sampled": sampled, "roofline": roofline, "batch": batch,
-            "batch_acceptance": best_a, "roofs": roofs, "wall_s": time.perf_counter() - t0}
+        rows.append(row)
+    return rows
 
 
 def roofs_from_peaks(peaks: dict, source: str) -> dict | None:

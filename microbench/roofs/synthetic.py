@@ -7,7 +7,8 @@ that works on it works on a real peaks.json.
 
 from __future__ import annotations
 
-from microbench import guard, hardware, harness, intensity, peaks, plateaus
+from microbench import hardware, harness
+from microbench.roofs import guard, intensity, peaks, plateaus
 from microbench.schema import KIND_PEAKS, SCHEMA_VERSION
 
 CACHES = (("L1", 64 << 10), ("L2", 2 << 20), ("L3", 32 << 20))

@@ -8,11 +8,11 @@ over the measured float32 GEMM roof says the same for compute. A peer program ru
 shape in the same run: Hugging Face transformers' LlamaForCausalLM in PyTorch (float32,
 batch 1, KV cache), when torch and transformers are installed (`pip install -e ".[peers]"`).
 
-Targets (issues 6 and 10): decode >= 0.70 of main memory's read roof, prefill (512 and 1024
-tokens) >= 0.80 of the f32 GEMM roof, and decode >= 1.5x the PyTorch peer's speed. Each ratio is
-taken against the roof of its own moment (the roof x the drift probes' factor around the
-point, microbench.probe) and, beside it, against the roof as measured in the rounds. Only
-reported, never asserted in tests.
+Targets (plots.summary.TARGETS): decode >= 0.70 of main memory's read roof, prefill (512 and
+1024 tokens) >= 0.80 of the f32 GEMM roof, and decode >= 1.5x the PyTorch peer's speed. Each
+ratio is taken against the roof of its own moment (the roof x the drift probes' factor around
+the point, microbench.roofs.probe) and, beside it, against the roof as measured in the rounds.
+Only reported, never asserted in tests.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import sys
 
 import refmodel
 from microbench import roofline
-from microbench.points import Budget, measure_point
-from microbench.summary import TARGETS, moment_factor
-from refmodel import costs, kernels
+from microbench.phases.points import Budget, measure_point
+from microbench.plots.summary import TARGETS, moment_factor
+from refmodel import backends, costs
 
 MODEL = "medium"
 DECODE_CONTEXT = 128
@@ -46,12 +46,12 @@ REPORT_TIMING = Budget(budget_s=3.0)
 
 
 def measure_report(peaks: dict, timing: Budget = REPORT_TIMING, peer: bool = True,
-                   probe=None, matmul: str = "auto") -> dict:
+                   probe=None, backend: str = "auto") -> dict:
     """Decode and prefill of the medium model against this machine's roofs (and a peer), its
-    weight products `matmul` (refmodel.kernels.choose: "auto" is the native kernels on a CPU
+    backend `backend` (refmodel.backends.choose: "auto" is the native kernels on a CPU
     where they build)."""
     cfg = refmodel.presets.get(MODEL)
-    cfg = cfg.replace(matmul=kernels.choose(matmul, cfg.dtype, cfg.weight_format))
+    cfg = cfg.replace(backend=backends.choose(backend, cfg.dtype, cfg.weight_format))
     phases = refmodel.Phases(refmodel.init(cfg, seed=0))
     decode = measure_point(phases, "decode", 1, DECODE_CONTEXT, peaks, timing, label=MODEL,
                            probe=probe)
@@ -62,7 +62,7 @@ def measure_report(peaks: dict, timing: Budget = REPORT_TIMING, peer: bool = Tru
                                                                          cfg.dtype)
     m, decode_bw = moment_factor(decode, "memory", dram["value"]), decode["bytes_per_s"]["median"]
     out = {
-        "model": MODEL, "params": costs.param_counts(cfg)["total"], "matmul": cfg.matmul,
+        "model": MODEL, "params": costs.param_counts(cfg)["total"], "backend": cfg.backend,
         "decode": decode, "prefill": prefills[0], "prefills": prefills,
         "dram_roof_bytes_per_s": dram["value"], "dram_roof": dram["name"],
         "dram_roof_program": dram.get("program", dram["source"]),
@@ -91,7 +91,7 @@ def measure_report(peaks: dict, timing: Budget = REPORT_TIMING, peer: bool = Tru
 
 
 # The transformers Llama of a spec (`llama_spec`), random weights, float32: the model every
-# peer script (this speed report's, `microbench.serve`'s) builds after reading `spec`.
+# peer script (this speed report's, `microbench.studies.serve`'s) builds after reading `spec`.
 LLAMA_MODEL = r"""
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM

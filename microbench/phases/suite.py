@@ -1,10 +1,10 @@
 """The main job: measure this machine's roofs, the model's phases, and draw every figure.
 
-`run(quick, out_dir)` is `python -m microbench run`: peaks (microbench.peaks), the phase sweeps
-(microbench.sweeps), the speed report (microbench.report, default mode only), then every
-figure (microbench.plots) and one summary table (markdown), all written into out_dir.
-The figures and the summary are drawn by `microbench.summary.draw`, which also redraws them
-from saved results alone, without JAX (`python -m microbench figures`).
+`run(quick, out_dir)` is `python -m microbench run`: peaks (microbench.roofs.peaks), the phase
+sweeps (microbench.phases.sweeps), the speed report (microbench.phases.report, default mode
+only), then every figure (microbench.plots) and one summary table (markdown), all written into
+out_dir. The figures and the summary are drawn by `microbench.plots.saved.draw_roofline`,
+which also redraws them from saved results alone, without JAX (`python -m microbench figures`).
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ import time
 from pathlib import Path
 
 import refmodel
-from microbench import harness, sweeps
+from microbench import harness
 from microbench.files import output_set
-from microbench.points import make_probe, prediction_inputs
+from microbench.phases import sweeps
+from microbench.phases.points import make_probe, prediction_inputs
+from microbench.plots.saved import draw_roofline
 from microbench.schema import KIND_PHASES, SCHEMA_VERSION, validate_result
-from microbench.summary import draw
 from refmodel import costs
 
 
@@ -43,28 +44,28 @@ def measure_phases(plan: sweeps.PhasePlan, peaks: dict, quick: bool, out_dir,
         "report": None,
     }
     if report:
-        from microbench.report import measure_report
+        from microbench.phases.report import measure_report
 
         result["report"] = measure_report(inputs, peer=peer, probe=probe,
-                                          matmul=plan.matmul)
+                                          backend=plan.backend)
     result["wall_s"] = time.perf_counter() - t0
     harness.write_json_atomic(Path(out_dir) / "phases.json", validate_result(result))
     return result
 
 
 def run(quick: bool, out_dir, peer: bool = True, progress: bool = True,
-        matmul: str = "auto") -> dict:
+        backend: str = "auto") -> dict:
     """The whole main job; returns {"peaks", "phases", "files"}. Every file of the run is
     written as one set (files.output_set): out_dir is checked before anything is measured,
-    and an interrupted run leaves out_dir as it was. `matmul` is the weight products of every
-    timed point (refmodel.kernels.choose)."""
-    from microbench.peaks import measure_peaks
+    and an interrupted run leaves out_dir as it was. `backend` runs every
+    timed point (refmodel.backends.choose)."""
+    from microbench.roofs.peaks import measure_peaks
 
     with output_set(out_dir) as tmp:
         peaks = measure_peaks(quick, tmp, progress=progress)
         plan = dataclasses.replace(sweeps.quick_plan() if quick else sweeps.PhasePlan(),
-                                   matmul=matmul)
+                                   backend=backend)
         phases = measure_phases(plan, peaks, quick, tmp, report=not quick, peer=peer,
                                 progress=progress)
-        files = [Path(out_dir) / p.relative_to(tmp) for p in draw(tmp)]
+        files = [Path(out_dir) / p.relative_to(tmp) for p in draw_roofline(tmp)]
     return {"peaks": peaks, "phases": phases, "files": files}

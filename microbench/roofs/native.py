@@ -41,7 +41,7 @@ import tempfile
 import weakref
 from pathlib import Path
 
-from microbench.peers import close_child, peer_environment
+from microbench.roofs.peers import close_child, peer_environment
 
 BYTES_PER_ELEMENT = {"read": 4, "scale_inplace": 8, "triad": 12}
 
@@ -61,9 +61,8 @@ typedef float vec __attribute__((vector_size(4 * VL)));
 #define BLOCK 128 /* floats per thread slice granule: a multiple of 8 vectors */
 static double now(void) { return omp_get_wtime(); }
 /* Each thread's slice is read as PARTS parts side by side (a stream per part, 2 accumulators
-   each): on a 2-core Xeon (KVM, AMX) one stream per thread read 14.8 GB/s, four 20.7 (a 1 GiB
-   array, medians of 7 alternations); more streams in flight per core, as a GEMV over several
-   weight rows has. */
+   each): more streams in flight per core, as a GEMV over several weight rows has, read main
+   memory faster than one stream per thread does. */
 #define PARTS 4
 static float read_slice(const float *a, long n, long reps) {
   vec s[PARTS][2];

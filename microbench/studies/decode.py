@@ -1,13 +1,14 @@
-"""The decode race (issue 18): our decode step against the memory, the FMA units and the best
-CPU engine, all in the same interleaved rounds.
+"""The decode race: our decode step against the memory, the FMA units and the best CPU engine,
+all in the same interleaved rounds.
 
-Each round runs back to back: the all-core C read (microbench.native: what main memory does),
-numpy's GEMM (what the FMA units do), our decode step at each batch with XLA's products on the
-weights as written (`matmul="xla"`), on weights stored output-major (`"output-major"`), with
-the native kernel on weights stored in its panels (`"native"`, refmodel.kernels) and on the
-same weights quantized to int8 (`"native-int8"`: its own roof, no peer ratio), the
-same weights in llama.cpp (a GGUF written from our model, microbench.llamacpp) and in Hugging
-Face transformers when installed (the `peers` extra), then the C read again. The machine drifts
+Each round runs back to back: the all-core C read (microbench.roofs.native: what main memory
+does), numpy's GEMM (what the FMA units do), our decode step at each batch with XLA's products
+on the weights as written (`backend="xla"`), on weights stored output-major
+(`"output-major"`), with the native kernel on weights stored in its panels (`"native"`,
+refmodel.kernels) and on the same weights quantized to int8 (`"native-int8"`: its own roof, no
+peer ratio), the same weights in llama.cpp (a GGUF written from our model,
+microbench.studies.llamacpp) and in Hugging Face transformers when installed (the `peers`
+extra), then the C read again. The machine drifts
 by tens of percent over minutes (the README's method section), so every comparison is a ratio
 taken inside one round, and the median over rounds is reported with its spread.
 
@@ -15,7 +16,7 @@ The roof of a decode step at batch B is the slower of its two limits, counted by
 for the same step: bytes / read bandwidth (the weights, the KV cache, the activations) and
 FLOPs / GEMM rate. `roof_fraction` = that time / the measured step time (1.0: at the roof).
 
-Targets (issue 18, reported, never asserted in tests): batch 1 >= 1.0x llama.cpp and >= 0.9 of
+Targets (TARGETS, reported, never asserted in tests): batch 1 >= 1.0x llama.cpp and >= 0.9 of
 the C read; batches 2-8 >= 0.8 of their roof.
 """
 
@@ -30,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 TARGETS = {"vs_llamacpp": 1.0, "vs_read": 0.9, "small_batch_roof": 0.8}
-# our weight products (ModelConfig.matmul); "native-int8": the same weights quantized to int8
+# our weight products (ModelConfig.backend); "native-int8": the same weights quantized to int8
 # (refmodel.quant, one scale per output) in the native kernel: a quarter of the bytes, its own
 # roof, and no peer ratio (the peers run the float32 weights)
 PROGRAMS = ("xla", "output-major", "native", "native-int8")
@@ -98,7 +99,7 @@ class _Ours:
 
     def __init__(self, setup: Setup, programs: tuple[str, ...]):
         import refmodel
-        from refmodel import kernels
+        from refmodel import backends
 
         cfg = refmodel.presets.get(setup.model)
         base = refmodel.init(cfg, seed=0)
@@ -108,9 +109,9 @@ class _Ours:
             if p == "native-int8":
                 from refmodel import quant
 
-                models[p] = kernels.use_native(quant.quantize(base, weights="int8"))
+                models[p] = backends.use(quant.quantize(base, weights="int8"), "native")
             else:
-                models[p] = kernels.use_native(base, p)
+                models[p] = backends.use(base, p)
         self.models = models
         self.phases = {p: refmodel.Phases(m) for p, m in models.items()}
         self.setup = setup
@@ -159,7 +160,7 @@ class _Ours:
         return out
 
     def measure(self, program: str, batch: int) -> dict:
-        from microbench.points import Budget, measure_point
+        from microbench.phases.points import Budget, measure_point
 
         s = self.setup
         p = measure_point(self.phases[program], "decode", batch, s.context, None,
@@ -171,13 +172,12 @@ class _Ours:
 
 def measure(setup: Setup, progress=lambda what: None) -> dict:
     """Every round of the race; returns the result dict (`summarize` adds the ratios)."""
-    from microbench import native, report
-    from microbench.rounds import NumpyPeer
-
-    setup.check()
     import refmodel
+    from microbench.roofs import native
+    from microbench.roofs.rounds import NumpyPeer
     from refmodel import kernels
 
+    setup.check()
     skipped = []
     programs = PROGRAMS if kernels.available() else PROGRAMS[:2]
     if "native" not in programs:
@@ -185,59 +185,21 @@ def measure(setup: Setup, progress=lambda what: None) -> dict:
     if not native.available():
         raise ValueError("the decode race needs the C read peer, built with gcc (not found): "
                          "the memory roof every ratio divides by is what it measures")
-    n = main_array_floats()
-    reader = native.Server(n, None)
+    reader = native.Server(main_array_floats(), None)
     numpy_peer = NumpyPeer(setup.gemm, 1 << 20)
     progress("compiling our decode steps")
     ours = _Ours(setup, programs)
     cfg = ours.model.cfg
-    llama = hf = None
     gguf_dir = Path(tempfile.mkdtemp(prefix="decode_race_"))
-    if setup.peers:
-        llama, why = _llama_server(ours.model, setup, gguf_dir)
-        if why:
-            skipped.append(why)
-        if not report_peer_available():
-            skipped.append("transformers: not installed (pip install -e '.[peers]')")
-        else:
-            hf = True
+    llama, hf = _peers(ours.model, setup, gguf_dir, skipped) if setup.peers else (None, False)
     rounds = []
     try:
         for i in range(setup.rounds):
-            t0 = time.time()
-            entry = {"round": i, "t_start": t0, "read_bytes_per_s": [], "points": [],
-                     "peers": []}
-            progress(f"round {i + 1}: C read and numpy GEMM")
-            entry["read_bytes_per_s"].append(_read_bytes_per_s(reader))
-            g = numpy_peer.measure()
-            m, k, nn = setup.gemm
-            entry["gemm_flops_per_s"] = 2.0 * m * k * nn / float(np.median(g["gemm"]))
-            for program in programs:
-                for b in setup.batches:
-                    progress(f"round {i + 1}: ours ({program}) batch {b}")
-                    entry["points"].append(ours.measure(program, b))
-            entry["products"] = []
-            for rows in sorted({*setup.batches, *setup.product_rows}):
-                progress(f"round {i + 1}: the products alone, {rows} rows")
-                entry["products"] += ours.products(rows)
-            if llama is not None:
-                progress(f"round {i + 1}: llama.cpp")
-                r = llama.round(setup.peer_steps)
-                entry["peers"].append({"program": "llama.cpp", "batch": 1, **r})
-            if hf:
-                progress(f"round {i + 1}: transformers")
-                r = report.hf_peer(cfg, setup.context, steps=setup.peer_steps)
-                if r.get("step_s"):
-                    entry["peers"].append({"program": "transformers", "batch": 1,
-                                           "step_s": r["step_s"], "samples": r["samples"],
-                                           "torch": r.get("torch"), "threads": r.get("threads")})
-                else:
-                    skipped.append(f"transformers: {r.get('error')}")
-                    hf = None
+            rounds.append(_round(i, setup, programs, ours, reader, numpy_peer, progress))
+            hf = _peer_steps(rounds[-1], i, setup, cfg, llama, hf, skipped, progress)
             progress(f"round {i + 1}: C read")
-            entry["read_bytes_per_s"].append(_read_bytes_per_s(reader))
-            entry["t_end"] = time.time()
-            rounds.append(entry)
+            rounds[-1]["read_bytes_per_s"].append(_read_bytes_per_s(reader))
+            rounds[-1]["t_end"] = time.time()
         greedy = _greedy_check(ours.model, llama) if llama is not None else None
     finally:
         reader.close()
@@ -257,10 +219,67 @@ def measure(setup: Setup, progress=lambda what: None) -> dict:
     })
 
 
+def _peers(model, setup: Setup, gguf_dir: Path, skipped: list) -> tuple:
+    """(llama.cpp's server or None, whether transformers runs), each absent one's reason
+    appended to `skipped`."""
+    llama, why = _llama_server(model, setup, gguf_dir)
+    if why:
+        skipped.append(why)
+    if not report_peer_available():
+        skipped.append("transformers: not installed (pip install -e '.[peers]')")
+        return llama, False
+    return llama, True
+
+
+def _round(i: int, setup: Setup, programs: tuple, ours: _Ours, reader, numpy_peer,
+           progress) -> dict:
+    """Round i up to its peers: the C read and numpy's GEMM, then our step per program and
+    batch, then the weight products alone."""
+    entry = {"round": i, "t_start": time.time(), "read_bytes_per_s": [], "points": [],
+             "peers": []}
+    progress(f"round {i + 1}: C read and numpy GEMM")
+    entry["read_bytes_per_s"].append(_read_bytes_per_s(reader))
+    g = numpy_peer.measure()
+    m, k, n = setup.gemm
+    entry["gemm_flops_per_s"] = 2.0 * m * k * n / float(np.median(g["gemm"]))
+    for program in programs:
+        for b in setup.batches:
+            progress(f"round {i + 1}: ours ({program}) batch {b}")
+            entry["points"].append(ours.measure(program, b))
+    entry["products"] = []
+    for rows in sorted({*setup.batches, *setup.product_rows}):
+        progress(f"round {i + 1}: the products alone, {rows} rows")
+        entry["products"] += ours.products(rows)
+    return entry
+
+
+def _peer_steps(entry: dict, i: int, setup: Setup, cfg, llama, hf: bool, skipped: list,
+                progress) -> bool:
+    """The peers' batch-1 steps of round i into entry["peers"]; returns whether transformers
+    still runs (once it fails, its reason is in `skipped` and it is not asked again)."""
+    from microbench.phases import report
+
+    if llama is not None:
+        progress(f"round {i + 1}: llama.cpp")
+        r = llama.round(setup.peer_steps)
+        entry["peers"].append({"program": "llama.cpp", "batch": 1, **r})
+    if not hf:
+        return False
+    progress(f"round {i + 1}: transformers")
+    r = report.hf_peer(cfg, setup.context, steps=setup.peer_steps)
+    if not r.get("step_s"):
+        skipped.append(f"transformers: {r.get('error')}")
+        return False
+    entry["peers"].append({"program": "transformers", "batch": 1, "step_s": r["step_s"],
+                           "samples": r["samples"], "torch": r.get("torch"),
+                           "threads": r.get("threads")})
+    return True
+
+
 def main_array_floats() -> int:
     """The C read's array: max(1 GiB, 16 x LLC) bounded by free memory (peaks' rule)."""
     from microbench import hardware, harness, sysinfo
-    from microbench.peaks import main_array_bytes, memory_levels
+    from microbench.roofs.peaks import main_array_bytes, memory_levels
 
     env = harness.environment()
     levels = memory_levels(env, hardware.device_for_environment(env))
@@ -279,7 +298,7 @@ def report_peer_available() -> bool:
 
 
 def _llama_server(model, setup: Setup, folder: Path):
-    from microbench import llamacpp
+    from microbench.studies import llamacpp
 
     why = llamacpp.available()
     if why:

@@ -1,10 +1,11 @@
-"""The environment peer programs run in (microbench.rounds, microbench.native).
+"""The environment peer programs run in (microbench.roofs.rounds, microbench.roofs.native).
 
 A roof is only as credible as its distance to what other programs reach on the same machine
-in the same run; the peers themselves live in microbench.rounds (numpy) and microbench.native
-(C). They run in children whose environment drops OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE: a
-pinned core type made OpenBLAS 4x slower on these machines. The variables are removed for the
-children only, never globally (tests and CI keep them).
+in the same run; the peers themselves live in microbench.roofs.rounds (numpy) and
+microbench.roofs.native (C). They run in children whose environment drops OPENBLAS_CORETYPE
+and OPENBLAS_L2_SIZE: a core type pinned for the wrong CPU can make OpenBLAS several times
+slower. The variables are removed for the children only, never globally (tests and CI keep
+them).
 """
 
 from __future__ import annotations

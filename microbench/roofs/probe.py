@@ -1,7 +1,7 @@
 """Drift probes: a short main-memory read and a short GEMM, timed before and after each phase
 point, so a prediction uses the roofs of its own moment.
 
-The main roofs are measured in rounds (microbench.rounds). The memory probe of the phase
+The main roofs are measured in rounds (microbench.roofs.rounds). The memory probe of the phase
 points is the C read over the rounds' own array (where gcc built it), so its reference is the
 C read's median over the rounds and no ratio between two programs has to hold still; without
 a C compiler it is XLA's `jnp.sum` over 128 MiB, which each round also times for its
@@ -10,17 +10,15 @@ reference. The GEMM probe is XLA's 1024^3 GEMM, likewise timed in every round. T
     memory factor  = probe read now / probe read in the rounds
     compute factor = probe GEMM now / probe GEMM in the rounds
 
-scale the roofs the point is predicted with (microbench.points; a sweep takes each factor as
-the median over the points measured around it, `points.repredict`). The factors and their
-before/after values are saved with the point, so the machine's drift is recorded and shown
-rather than absorbed into the gap.
+scale the roofs the point is predicted with (microbench.phases.points; a sweep takes each
+factor as the median over the points measured around it, `points.repredict`). The factors and
+their before/after values are saved with the point, so the machine's drift is recorded and
+shown rather than absorbed into the gap.
 
-Why the C read: XLA's 128 MiB sum and the 1 GiB C read, timed seconds apart in the same
-round, differed by 1.04-2.3x from round to round on a 2-core Zen 4 VM (2026-12-04), so a
-reference taken from three rounds of the XLA probe put every point's roof 1.27x too high in
-one run (its rounds' probe median read low: 20.2 GB/s against 26.6 over the run) and a
-correction computed against the run's own median missed a real slowdown in another (the C
-read 43.9 GB/s in the rounds, the probes 0.8x their rounds' values through the points).
+Why the C read: XLA's 128 MiB sum and the 1 GiB C read, timed seconds apart in the same round,
+can differ by a ratio that itself moves from round to round, so a reference taken from a few
+rounds of the XLA probe can put every point's roof too high (or miss a real slowdown); the C
+read is the program the roof itself is taken from.
 """
 
 from __future__ import annotations
@@ -47,7 +45,7 @@ def probe_elements(llc_bytes: int, n_main: int) -> int:
 
 class Probe:
     """Compiled once; `measure()` returns the current read bandwidth and GEMM rate. With a
-    `reader` (microbench.native.Server over the main-memory array of the roof rounds) the read
+    `reader` (microbench.roofs.native.Server over the main-memory array of the roof rounds) the read
     is the C read itself, the read roof's own program, 3 passes; else XLA's `jnp.sum` over
     `array[:n]`, 5 calls."""
 
@@ -55,11 +53,11 @@ class Probe:
         import jax
         import jax.numpy as jnp
 
-        from microbench import compute
+        from microbench.roofs import compute
 
         self.reader = reader
         if reader is not None:
-            from microbench import native
+            from microbench.roofs import native
 
             self.bytes = 4.0 * reader.n
             self.name = (f"C read probe ({native.label(reader.threads)}, "

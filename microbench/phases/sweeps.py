@@ -1,6 +1,6 @@
 """The phase sweeps behind the figures, measured on this machine and modelled for others.
 
-Measured (microbench.points, on a model several times the last-level cache, float32):
+Measured (microbench.phases.points, on a model several times the last-level cache, float32):
 - `roofline`: every attention variant's prefill, decode attention, decode FFN and decode step
   at batch 1 -> one point each on the roofline;
 - `batch`: decode FFN and the whole decode step vs batch, dense and MoE -> "throughput is free
@@ -22,7 +22,7 @@ from collections.abc import Iterable
 
 import refmodel
 from microbench import hardware, roofline
-from microbench.points import (
+from microbench.phases.points import (
     Budget,
     attach_breakdown,
     measure_point,
@@ -30,7 +30,7 @@ from microbench.points import (
     prediction_inputs,
     repredict,
 )
-from refmodel import attention, costs, counting, kernels
+from refmodel import attention, backends, costs, counting
 
 DENSE = refmodel.ModelConfig.attention  # the config's default kind: the batch sweep's dense
 MOE = f"{DENSE} moe"
@@ -58,10 +58,11 @@ class PhasePlan:
         default_factory=lambda: attention.measured_in("context"))
     context_batch: int = 8
     timing: Budget = Budget()
-    # The weight products every point runs (refmodel.kernels.choose): "auto" is the project's
+    # The weight products every point runs (refmodel.backends.choose): "auto" is the project's
     # native kernels on a CPU where they build (the step a reader of this repo would run; XLA's
-    # few-row products streamed 0.1-0.4 of the read roof in the sweeps of issue 10), else XLA's.
-    matmul: str = "auto"
+    # few-row products stream well below the read roof: `python -m microbench decode`), else
+    # XLA's.
+    backend: str = "auto"
 
 
 def quick_plan() -> PhasePlan:
@@ -77,7 +78,7 @@ def config(plan: PhasePlan, variant: str) -> refmodel.ModelConfig:
     if variant not in known:
         raise ValueError(f"variant={variant!r} is not one of {sorted(known)}")
     cfg = dataclasses.replace(refmodel.presets.get(plan.model), **known[variant])
-    return dataclasses.replace(cfg, matmul=kernels.choose(plan.matmul, cfg.dtype,
+    return dataclasses.replace(cfg, backend=backends.choose(plan.backend, cfg.dtype,
                                                           cfg.weight_format))
 
 
@@ -117,7 +118,7 @@ def jobs(plan: PhasePlan) -> list[Job]:
 
     The same decode-FFN work at a given (variant, batch) appears in the batch, context and
     roofline sweeps; timing it once per run keeps one number per piece of work (copies of it
-    varied 4.6-6.2 ms in one run on a shared machine)."""
+    timed separately differ by the machine's drift between them)."""
     wanted = []
     for v in (DENSE, MOE):
         for b in plan.batches:
@@ -153,7 +154,7 @@ def plan_memory(plan: PhasePlan) -> tuple[float, Job]:
 def measure(plan: PhasePlan, peaks: dict | None, progress: bool = True,
             probe=None, explain_outside: bool = False) -> list[dict]:
     """Every measured point of the plan, each tagged with its sweep and variant; with a
-    drift `probe` (microbench.probe.Probe) each point is predicted with its moment's roofs,
+    drift `probe` (microbench.roofs.probe.Probe) each point is predicted with its moment's roofs,
     once every point is measured, from the probes of the points around it (points.repredict;
     the probe's name saved as peaks.probe_reference.probe). With `explain_outside`, each
     point then outside the band gets its per-op breakdown (points.attach_breakdown)."""

@@ -1,14 +1,15 @@
 """Where the time goes: one phase's measured time per op, beside the counted FLOPs and bytes.
 
 Regime: one compiled phase of the reference model (`refmodel.Phases(model).jitted[phase]`,
-the callable `microbench.points.measure_point` times and the compiler cross-check lowers) at a
-given batch and context, with the cache donated and carried from call to call as the phase
-benchmark does. Its counted cost per op comes from `refmodel.costs.phase_costs(...)["ops"]`.
+the callable `microbench.phases.points.measure_point` times and the compiler cross-check
+lowers) at a given batch and context, with the cache donated and carried from call to call as
+the phase benchmark does. Its counted cost per op comes from
+`refmodel.costs.phase_costs(...)["ops"]`.
 
 Method (which ran: the profiler trace; there is no fallback path in this module):
 
 1. The whole phase is timed with the harness (`harness.time_fn`), outside any profiler; like
-   a phase point (microbench.points), a decode phase is timed cold by default (`cold`: the
+   a phase point (microbench.phases.points), a decode phase is timed cold by default (`cold`: the
    caches evicted before every call, the traced calls included).
 2. The same compiled executable runs `calls` more times under
    `jax.profiler.trace(dir, create_perfetto_trace=True)`. XLA:CPU's thunk executor records one
@@ -34,7 +35,7 @@ gather fused into the first norm, attn_values fused into out_proj's GEMM) is cha
 one XLA named it after, and that row lists the other scopes in `holds` (and they list it in
 `held_by`); an op the cost model counts but no kernel is named after shows with time 0 and
 `fused: true`. A kernel whose scope names several ops joined by "+" (the native decode
-attention, refmodel.attention.common.KERNEL_SCOPE: scores, softmax and values in one pass) is
+attention, refmodel.backends.KERNEL_SCOPE: scores, softmax and values in one pass) is
 one row charged with their summed counted cost; they show as fused and held by it.
 Sources: XLA:CPU `thunk_executor.cc` trace events; JAX "Profiling computation" docs.
 """
@@ -53,7 +54,7 @@ import jax
 
 import refmodel
 from microbench import harness
-from microbench.points import Budget, describe, evictor
+from microbench.phases.timing import DEFAULT_BUDGET, Budget, describe, evictor
 from microbench.schema import KIND_BREAKDOWN
 from refmodel import costs
 from refmodel.phases import donation
@@ -69,7 +70,6 @@ NORM_PRIMS = ("square", "rsqrt", "mul", "reduce_sum", "div", "sub", "mean", "int
 LAYOUT_PRIMS = ("transpose", "reshape", "copy", "broadcast_in_dim", "squeeze",
                 "expand_dims", "bitcast")
 NOT_OPS = ("layout", "other")  # measured buckets with no counted cost
-DEFAULT_BUDGET = Budget()
 
 
 # ----------------------------------------------------------------------------- HLO parsing
@@ -109,7 +109,7 @@ def parse_hlo(text: str) -> tuple[dict, str | None]:
 
 def joined(scope: str, known: set) -> tuple[str, ...]:
     """The ops of a scope that names several joined by "+" (a kernel holding them all,
-    refmodel.attention.common.KERNEL_SCOPE), if each is known; else ()."""
+    refmodel.backends.KERNEL_SCOPE), if each is known; else ()."""
     ops = tuple(scope.split("+"))
     return ops if len(ops) > 1 and all(o in known for o in ops) else ()
 
@@ -165,6 +165,9 @@ def instruction_ops(compiled_hlo: str, stablehlo: str, known: set) -> tuple[dict
     weights = _weight_scopes(stablehlo, known)
     by_name = {i["name"]: i for instrs in comps.values() for i in instrs}
     params = {i["name"]: i["index"] for i in comps.get(entry, []) if i["opcode"] == "parameter"}
+    for i in comps.get(entry, []):  # a weight viewed another way (per-head axes folded) is it
+        if i["opcode"] == "bitcast" and params.get(i["operands"][0]) is not None:
+            params[i["name"]] = params[i["operands"][0]]
 
     def inner(comp: str, depth: int = 0) -> list:
         found = []
@@ -304,7 +307,7 @@ def measure_breakdown(cfg_or_phases, phase: str, batch: int, context: int, *, ca
     donate, carry = donation(phase)
     lowered = phases.jitted[phase].lower(*args)
     compiled = lowered.compile()
-    cold = phase != "prefill" if cold is None else cold  # as microbench.points times it
+    cold = phase != "prefill" if cold is None else cold  # as microbench.phases.points times it
     before = evictor() if cold else None
     whole = harness.time_fn(compiled, *args, donate_argnums=donate, carry=carry,
                             budget_s=timing.budget_s, min_samples=timing.min_samples,
@@ -320,29 +323,49 @@ def measure_breakdown(cfg_or_phases, phase: str, batch: int, context: int, *, ca
     if trace["calls"] == 0:
         raise RuntimeError(f"the profiler trace holds no thunk events of {module}: this "
                            "backend does not report per-op events")
-    n = trace["calls"]
+    measured = _per_op(per_instr, op_of, holds, known, trace["calls"])
+    rows = _rows(measured, counted["ops"], known, whole.median)
+    result = _result(cfg, phase, batch, context, cold, whole, counted, rows, trace, module)
+    if out is not None:
+        harness.write_json_atomic(Path(out) / "breakdown.json", result)
+    return result
+
+
+def _per_op(per_instr: dict, op_of: dict, holds: dict, known: set, calls: int) -> dict:
+    """{op: {time_s per call, kernels, holds}} from each instruction's traced time."""
     measured: dict[str, dict] = {}
     for instr, t in per_instr.items():
         op = op_of.get(instr, "other")
         row = measured.setdefault(op, {"time_s": 0.0, "kernels": [], "holds": set()})
-        row["time_s"] += t / n
+        row["time_s"] += t / calls
         row["kernels"].append(instr)
         row["holds"] |= (holds.get(instr, set()) | set(joined(op, known))) - {op}
-    t_whole = whole.median
+    return measured
+
+
+def _rows(measured: dict, counted_ops: dict, known: set, t_whole: float) -> list[dict]:
+    """One row per op measured or counted, beside its counted cost, longest first."""
     rows = []
-    for op in list(dict.fromkeys(list(measured) + list(counted["ops"]))):
-        c = counted["ops"].get(op) or _summed([counted["ops"][o] for o in joined(op, known)])
+    for op in list(dict.fromkeys(list(measured) + list(counted_ops))):
+        c = counted_ops.get(op) or _summed([counted_ops[o] for o in joined(op, known)])
         m = measured.get(op, {"time_s": 0.0, "kernels": [], "holds": set()})
         held_by = sorted(o for o, r in measured.items() if op in r["holds"])
         rows.append({"op": op, "time_s": m["time_s"], "share": m["time_s"] / t_whole,
                      "flops": c["flops"], "bytes": c["bytes"], "intensity": c["intensity"],
                      **_rates(c["flops"], c["bytes"], m["time_s"]),
                      "kernels": sorted(m["kernels"]), "holds": sorted(m["holds"]),
-                     "held_by": held_by, "counted": op in counted["ops"] or bool(joined(op, known)),
-                     "fused": op in counted["ops"] and not m["kernels"]})
+                     "held_by": held_by, "counted": op in counted_ops or bool(joined(op, known)),
+                     "fused": op in counted_ops and not m["kernels"]})
     rows.sort(key=lambda r: -r["time_s"])
+    return rows
+
+
+def _result(cfg, phase: str, batch: int, context: int, cold: bool, whole, counted: dict,
+            rows: list[dict], trace: dict, module: str) -> dict:
+    """The breakdown as saved (measure_breakdown's docstring lists the fields)."""
+    t_whole, n = whole.median, trace["calls"]
     attributed = sum(r["time_s"] for r in rows)
-    result = {
+    return {
         "kind": KIND_BREAKDOWN, "model": cfg.name, "label": describe(cfg),
         "attention": cfg.attention, "mla_absorb": cfg.mla_absorb, "phase": phase,
         "batch": batch, "context": context, "dtype": cfg.dtype, "cold": cold,
@@ -357,9 +380,6 @@ def measure_breakdown(cfg_or_phases, phase: str, batch: int, context: int, *, ca
                   "busy_per_call_s": trace["busy_s"] / n, "hlo_module": module},
         "environment": harness.environment(),
     }
-    if out is not None:
-        harness.write_json_atomic(Path(out) / "breakdown.json", result)
-    return result
 
 
 def format_table(result: dict) -> str:

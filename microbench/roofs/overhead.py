@@ -10,10 +10,10 @@ it is most of the time. Both are measured here with the project's harness:
     with another) timed at N = 1 and N = 65; the slope is the cost of one kernel.
 
 Both again cold: with the caches evicted before every call (`harness.Evictor`), as the
-decode phases are timed (microbench.points), the runtime's own code and data and each kernel's
-code come from main memory. On a 2-core Zen 5: dispatch 4 us warm, 59-86 us cold; per kernel
-0.45-0.48 us warm, ~4 us cold (`python -m microbench peaks` saves both): a cold decode phase of
-a hundred kernels pays ~0.5 ms that no roof accounts for. A cold point's floor is the cold one.
+decode phases are timed (microbench.phases.points), the runtime's own code and data and each
+kernel's code come from main memory, an order of magnitude slower than warm (`python -m
+microbench peaks` saves both): a cold decode phase of a hundred kernels pays a cost that no
+roof accounts for. A cold point's floor is the cold one.
 
 `count_kernels(compiled)` counts the kernels of a compiled phase from its optimised HLO (the
 ENTRY computation's instructions that launch work: fusions, dots, copies, custom calls ...;

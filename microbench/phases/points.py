@@ -14,21 +14,20 @@ uses what `peaks` measured on the same machine (`prediction_inputs`):
     after another, so a compute-bound FFN does not hide a memory-bound attention's time. The
     whole phase's max(FLOPs / C, bytes / M), the bound only a program overlapping the two
     could reach, is kept as `t_overlap_s`; the two differ only for phases that mix both kinds
-    of op (bench's GQA decode step at batch 32-64: 0.61-0.62 of the whole phase's max, 0.87-
-    0.90 of the per-op sum, the same run's points recomputed, 2-core Zen 4, 2026-12-04).
+    of op (a GQA decode step at a large batch), and there the per-op sum is the closer one.
 
   * curve: for a warm point, the all-core read bandwidth at the phase's working-set size
     (weights + cache + activations), interpolated on the measured working-set curve
-    (microbench.hierarchy), so the predicted time is continuous in bytes: no jump between
+    (microbench.roofs.hierarchy), so the predicted time is continuous in bytes: no jump between
     cache levels. Past the curve, main memory's read-only roof. (Without a native curve: the
     level that holds it.) A cold point is predicted at main memory's read-only roof whatever
     its working set. The arithmetic, the roofs chosen and the levels are microbench.roofline's.
   * floor: the measured dispatch cost plus the measured cost per kernel times the kernels of
-    this compiled phase (microbench.overhead); for a cold point both measured cold (the
-    runtime's and the kernels' code and data come from main memory: ~70 us and ~4 us per
-    kernel on a Zen 5, against 4 and 0.5 warm).
+    this compiled phase (microbench.roofs.overhead); for a cold point both measured cold (the
+    runtime's and the kernels' code and data come from main memory: an order of magnitude
+    above the warm costs).
   * c, m: drift factors from the probes run just before and after the point
-    (microbench.probe: the C read of the roof rounds' array and XLA's GEMM) over their
+    (microbench.roofs.probe: the C read of the roof rounds' array and XLA's GEMM) over their
     medians in the roof rounds; a sweep predicts its points again once all are measured,
     each with the median over its neighbours' probes (`repredict`); m applies to working
     sets beyond the last-level cache (main memory is what drifts).
@@ -36,9 +35,8 @@ uses what `peaks` measured on the same machine (`prediction_inputs`):
 Decode phases are timed cold (`cold`, default): an `Evictor` reads a buffer of 4x the last-level
 cache before every call, outside the clock. Inside a real decode step a layer's weights and
 cache have been pushed out of the caches by every other layer's before it runs again, so a
-phase timed warm, repeating with its 20-40 MiB in a 32 MiB L3, measured a speed no step
-sees (bench's decode attention at batch 1 was predicted at 90-160 GB/s from the working-set
-curve and ran at 35-45). Prefill, compute-bound, is timed warm. A point says how it was
+phase timed warm, repeating with a working set that fits the last-level cache, would measure
+a speed no step sees. Prefill, compute-bound, is timed warm. A point says how it was
 timed; a point above its roof by more than the roof's spread is flagged suspect, and a point
 outside +/-25% of its prediction carries a measured reason (`explain`).
 
@@ -51,28 +49,17 @@ last slot and every call does the work of one step at that context.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-
 import numpy as np
 
 import refmodel
-from microbench import harness, overhead, roofline
+from microbench import harness, roofline
+from microbench.phases import breakdown
+from microbench.phases.timing import DEFAULT_BUDGET, Budget, describe, evictor
+from microbench.roofs import overhead
 from refmodel import costs, moe
 from refmodel.phases import donation
 
 BAND = roofline.BAND  # measured / predicted within this band: "on its prediction"
-
-
-@dataclasses.dataclass(frozen=True)
-class Budget:
-    """How long to spend on each point (passed through to harness.time_fn, whose result
-    is a harness.Timing)."""
-
-    budget_s: float = 1.0
-    min_samples: int = 5
-    target_cv: float = 0.03
-    min_sample_s: float = 2e-3
 
 
 def working_set_bytes(cfg: refmodel.ModelConfig, phase: str, batch: int, context: int,
@@ -138,11 +125,10 @@ def at_probe_level(roofs: dict, roof: dict, prog: dict) -> tuple[dict, dict]:
     than the drift probe's (the C read): that roof at the probe program's own level in the
     rounds (its median, min and max), so a point's drift factor (probe now / the probe's
     median in the rounds) scales the program it measures and no ratio between two programs
-    enters the prediction. On a 2-core Zen 4 (2026-12-04) XLA's jnp.sum read 1.25x the C read
-    in the same rounds of one run (47.1 against 37.7 GB/s, both 34-43% apart across the
-    rounds) and the C read's probes scaled XLA's figure: 43 of 87 points in the band, 69 at
-    the C read's level (recomputed from the same points); where the C read is the roof
-    nothing changes. Returns (roofs, {program, value, roof_program, roof_value})."""
+    enters the prediction: two programs reading the same memory in the same rounds can differ
+    by tens of percent, and scaling one's roof by the other's probes would carry that ratio
+    into every point. Where the C read is the roof nothing changes. Returns (roofs, {program,
+    value, roof_program, roof_value})."""
     values = prog.get("values") or [prog["median"]]  # a result saved before min / max were kept
     lo, hi = prog.get("min", min(values)), prog.get("max", max(values))
     level = {**roof, "value": prog["median"], "p10": lo, "p90": hi,
@@ -171,7 +157,7 @@ def make_probe(inputs: dict):
     ref = inputs["probe_reference"]
     if not inputs.get("probe_bytes") or not ref.get("read_bytes_per_s"):
         return None
-    from microbench import native, probe
+    from microbench.roofs import native, probe
 
     if (ref.get("read_program") or "").startswith("C read"):
         if native.available() and inputs.get("dram_array_bytes"):
@@ -194,11 +180,10 @@ WINDOW = 5  # a sweep's point takes the median of the probes of the 2 x 5 + 1 po
 def repredict(measured: list[dict], inputs: dict, window: int = WINDOW) -> list[dict]:
     """Predict every probed point of a sweep again, its drift factors the median over the
     points measured around it (`window` each side, in measurement order) of their probes'
-    mean over the reference: a probe is a few hundred milliseconds, and on a VM whose
-    bandwidth moves within a second a point's own two probes catch its moment's level no
-    better than its neighbours' (a 2-core Zen 4, 2026-12-04: a point's probe before and the
-    one after it, a second apart, correlated 0.26-0.28 over 87 points). Points without
-    probes keep their predictions."""
+    mean over the reference: a probe is a few hundred milliseconds, and where the bandwidth
+    moves within a second a point's own two probes catch its moment's level no better than
+    its neighbours' (summary.md reports how well a point's probe before it agrees with the one
+    after it). Points without probes keep their predictions."""
     ref = inputs["probe_reference"]
     probed = [p for p in measured if "predicted" in p and (p.get("drift") or {}).get("before")]
     means = [{k: np.mean([p["drift"][s][k] for s in ("before", "after") if p["drift"].get(s)])
@@ -226,19 +211,13 @@ def drift_factors(before: dict | None, after: dict | None, reference: dict) -> d
     return out
 
 
-@functools.cache
-def evictor() -> harness.Evictor:
-    """One eviction buffer per process (4x the last-level cache, >= 128 MiB)."""
-    return harness.Evictor()
-
-
 def measure_point(phases: refmodel.Phases, phase: str, batch: int, context: int,
-                  peaks: dict | None, timing: Budget = Budget(), label: str | None = None,
+                  peaks: dict | None, timing: Budget = DEFAULT_BUDGET, label: str | None = None,
                   probe=None, cold: bool | None = None) -> dict:
     """Time one phase at (batch, context) and put it beside its counted and predicted cost.
-    With a `probe` (microbench.probe.Probe), the roofs are scaled to this moment's drift (a
+    With a `probe` (microbench.roofs.probe.Probe), the roofs are scaled to this moment's drift (a
     sweep then predicts again from the neighbours' probes and adds the per-op breakdowns of
-    the points outside the band: microbench.sweeps.measure). `cold` (default: the decode
+    the points outside the band: microbench.phases.sweeps.measure). `cold` (default: the decode
     phases) evicts the caches before every call (`evictor`)."""
     cfg = phases.cfg
     cold = phase != "prefill" if cold is None else cold
@@ -259,7 +238,7 @@ def measure_point(phases: refmodel.Phases, phase: str, batch: int, context: int,
         "ffn": cfg.ffn,
         "mla_absorb": cfg.mla_absorb if "mla_absorb" in _option_fields(cfg) else None,
         "phase": phase, "batch": batch, "context": context, "tokens": tokens,
-        "dtype": cfg.dtype, "matmul": cfg.matmul, **{k: counted[k] for k in (
+        "dtype": cfg.dtype, "backend": cfg.backend, **{k: counted[k] for k in (
             "flops", "bytes", "weight_bytes", "kv_bytes", "act_bytes", "intensity")},
         "ops": counted["ops"], "timing": t.to_dict(),
         "flops_per_s": harness.rates(counted["flops"], t),
@@ -430,12 +409,10 @@ def experts_reason(ex: dict) -> str:
 
 
 def attach_breakdown(point: dict, phases: refmodel.Phases, peaks: dict) -> dict:
-    """For a point outside the band: measure where its time goes (microbench.breakdown, a
+    """For a point outside the band: measure where its time goes (microbench.phases.breakdown, a
     profiler trace of a few calls), keep the op that loses the most time against its own
     roofline time (at the point's roofs) with its achieved rate, and rewrite
     `outside_reason` with it."""
-    from microbench import breakdown
-
     inputs = prediction_inputs(peaks)
     bd = breakdown.measure_breakdown(phases, point["phase"], point["batch"], point["context"],
                                      calls=2, timing=Budget(budget_s=0.2, min_samples=3),
@@ -468,11 +445,6 @@ def attach_breakdown(point: dict, phases: refmodel.Phases, peaks: dict) -> dict:
         "unattributed_share": bd["unattributed_share"], "method": bd["method"]}
     point["outside_reason"] = explain(point, inputs)
     return point
-
-
-def describe(cfg: refmodel.ModelConfig) -> str:
-    """A short legend label: each mixer's option set (its variant names it), the FFN."""
-    return f"{refmodel.attention.label(cfg)} / {cfg.ffn}"
 
 
 def _option_fields(cfg: refmodel.ModelConfig) -> set[str]:

@@ -6,14 +6,14 @@ page faulting). Per element it reads 4 bytes, writes 4 and does 2Kk + (k - 1) FL
 choosing (K, k) sets the intensity from 0.25 FLOP/byte upwards. Below the ridge the curve
 follows the bandwidth roof, above it the vector roof; the knee sits at the measured ridge.
 
-On XLA:CPU a fused chain longer than about 256 x 8 FMAs per element stops vectorising (it ran
-30x slower here at 512 x 8), so the default sweep stops near 500 FLOP/byte, well past the
-ridge of any CPU.
+On XLA:CPU a fused chain longer than about 256 x 8 FMAs per element stops vectorising (and
+runs many times slower), so the default sweep stops near 500 FLOP/byte, well past the ridge of
+any CPU.
 """
 
 from __future__ import annotations
 
-from microbench import compute
+from microbench.roofs import compute
 
 # (K, k) pairs in increasing intensity; FLOP/byte = (2Kk + k - 1) / 8 for float32
 POINTS = ((1, 1), (2, 1), (4, 1), (4, 2), (4, 4), (4, 8), (8, 8), (16, 8), (32, 8),
