@@ -178,7 +178,7 @@ print("batch-1 verify left of the ridge: time ~ one decode step")
 
 # %% [markdown]
 # A CPU's ridge is low (a few FLOP/byte in float32): `byte-target`'s verify reaches it by
-# $k pprox 8$ even at batch 1, so on this machine there is less room to spend than on a GPU,
+# $k \approx 8$ even at batch 1, so on this machine there is less room to spend than on a GPU,
 # whose ridge is near 300 FLOP/byte in bfloat16.
 
 # %% [markdown]

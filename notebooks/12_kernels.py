@@ -609,8 +609,8 @@ else:
 
     # CHECK: same weights; logits within float32 rounding (the kernel sums each output in its
     # own order; 3e-5 of the logits' scale, the test suite's bound); identical greedy tokens;
-    # backends.use(model, "native") stores exactly what init(backend="native") does; the kernel once per
-    # x @ w product at 1 row, 2 rows and 8 (tests/test_kernels.py's count).
+    # backends.use(model, "native") stores exactly what init(backend="native") does; the
+    # kernel once per x @ w product at 1 row, 2 rows and 8 (tests/test_kernels.py's count).
     np.testing.assert_array_equal(np.asarray(wq_native.dequantize()), wq_xla)
     np.testing.assert_allclose(got, want, rtol=3e-5, atol=3e-5 * scale)
     np.testing.assert_array_equal(gen["native"], gen["xla"])

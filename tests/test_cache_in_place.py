@@ -30,9 +30,9 @@ import re
 import jax
 import jax.numpy as jnp
 import pytest
-from conftest import assert_golden, tiny
 
 import refmodel
+from conftest import assert_golden, tiny
 from refmodel import backends, compiler_check, kernels
 
 

@@ -12,11 +12,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_logits_close, incremental_logits, tiny, tokens
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import refmodel
+from conftest import assert_logits_close, incremental_logits, tiny, tokens
 from refmodel import backends, kernels, quant
 from refmodel.kernels import build
 

@@ -4,9 +4,9 @@ refused by name; and llama.cpp, given the file, picks the same greedy tokens as 
 
 import numpy as np
 import pytest
-from conftest import tiny
 
 import refmodel
+from conftest import tiny
 from microbench.studies import llamacpp
 
 gguf = pytest.importorskip("gguf")

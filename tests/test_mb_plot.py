@@ -152,7 +152,7 @@ def test_figures_command_redraws_the_committed_data_without_jax(tmp_path):
 # plots/ modules in dependency order: each imports only modules before it (no cycle).
 PLOTS_ORDER = ("common", "roofline", "hierarchy", "claims", "points", "sweeps", "breakdown",
                "serving", "simulate", "speculative", "quant", "collectives", "parallel", "decode",
-               "summary", "saved")
+               "summary", "results", "saved")
 
 
 def test_plots_modules_import_only_earlier_ones():

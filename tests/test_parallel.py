@@ -15,9 +15,9 @@ import math
 import jax
 import numpy as np
 import pytest
-from conftest import assert_logits_close, incremental_logits, tiny, tokens
 
 import refmodel
+from conftest import assert_logits_close, incremental_logits, tiny, tokens
 from refmodel import parallel
 from refmodel.parallel import comms, hlo
 from refmodel.sim.cluster import Link

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+from matplotlib.text import Text
 
 from microbench import plots
 from microbench.phases import sweeps
@@ -157,7 +158,7 @@ def test_ridge_is_the_gemm_roof_over_the_points_memory_roof(result):
 
 def test_batch_titles_are_computed_from_the_plotted_data(result):
     fig = plots.batch_figure([result])
-    titles = " ".join(ax.get_title() for ax in fig.axes)
+    titles = " ".join(ax.get_title() for ax in fig.axes) + " " + fig.get_suptitle()
     assert "costs almost no time" not in titles
     assert "measured step time x2.8 (gqa) from batch 1 to 16" in titles.replace("\n", " ")
     assert "step time x1.8 for x8 tokens (batch 1 to 8)" in titles.replace("\n", " ")
@@ -195,11 +196,40 @@ def test_outside_points_carry_their_reason_and_suspects_are_drawn(result):
     gap = plots.gap_figure([result])
     assert "unexplained" in gap.get_supxlabel()  # decode_attention at 0.3 has no reason
     assert phase_plots.SUSPECT_LABEL in gap.axes[0].get_legend_handles_labels()[1]
-    roof = plots.phases_roofline_figure([result])
-    assert phase_plots.SUSPECT_LABEL in roof.axes[0].get_legend_handles_labels()[1]
-    assert any(t.get_text().startswith("DRAM read-only 25 GB/s") for t in roof.axes[0].texts)
+    roof = plots.phases_roofline_figure([result])  # the headline: flags are in summary.md
+    assert roof.axes[0].get_legend() is None and not roof.legends
+    assert not any(phase_plots.SUSPECT_LABEL in t.get_text() for t in roof.findobj(Text))
+    assert "summary.md" in " ".join(t.get_text() for t in roof.texts)
     assert notes.key({"variant": "v", "phase": "decode", "batch": 1, "context": 1,
                       "measured_over_predicted": 1.1}) is None
+
+
+def test_headline_says_which_roof_each_phase_reaches_and_labels_points_not_a_legend(result):
+    fig = plots.phases_roofline_figure([result])
+    ax = fig.axes[0]
+    # intensity 0.8 FLOP/B, under the ridge (8): both phases under the 25 GB/s roof, 20 GFLOP/s
+    assert claims.roof_share(0.8, 2e9, 2e11, 2.5e10) == (pytest.approx(0.1), "memory")
+    assert claims.roof_share(80, 1.9e11, 2e11, 2.5e10) == (pytest.approx(0.95), "compute")
+    assert fig.get_suptitle() == "Prefill at 10% of the memory roof, decode at 83% of the " \
+                                 "memory roof"
+    texts = [t.get_text() for t in ax.texts]
+    assert any(t.startswith("DRAM read-only: 25 GB/s") for t in texts)
+    assert any(t.startswith("GEMM float32: 200 GFLOP/s") for t in texts)
+    assert any(t.startswith("ridge 8 FLOP/B") for t in texts)
+    assert sum(t.startswith(("prefill of 32 tokens", "decode step at context 64"))
+               for t in texts) == 2
+    assert ax.get_legend() is None
+    assert "test box" in ax.get_title() and "gqa attention" in ax.get_title()
+
+
+def test_variants_figure_has_a_panel_per_phase_and_a_label_per_point(result):
+    fig = plots.variants_roofline_figure([result])
+    pts = [p for p in result["points"] if "roofline" in point_sweeps(p)]
+    drawn = fig.axes
+    assert [ax.get_title().split(":")[0] for ax in drawn] == \
+        ["prefill", "decode attention", "decode FFN", "decode step"]
+    labels = [t.get_text() for ax in drawn for t in ax.texts if t.get_text() == "gqa"]
+    assert len(labels) == len(pts)
 
 
 def test_modelled_panels_say_what_bounds_each_point_and_what_does_not_fit(result):

@@ -95,8 +95,9 @@ def result() -> dict:
             "wall_s": 321.0}
 
 
-def _titles(fig) -> str:
-    return "\n".join(ax.get_title(loc="left") + ax.get_title() for ax in fig.axes)
+def _titles(fig) -> str:  # and x labels: a panel's setup may be said under it
+    return "\n".join(ax.get_title(loc="left") + ax.get_title() + ax.get_xlabel()
+                     for ax in fig.axes)
 
 
 def _png(path) -> bool:

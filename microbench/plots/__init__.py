@@ -6,8 +6,10 @@ Modules, each importing only those before it (no cycle):
     roofline.py     roofline.png: the machine's roofs, ridges, what XLA reaches (peaks.json)
     hierarchy.py    hierarchy.png: bandwidth per level at a fixed thread count, drift by round
     claims.py       what a phase figure's titles and notes say, computed from its data (pure)
-    points.py       phases_roofline.png and gap.png: measured points against their
-                    predictions, plus what every phase figure shares (Notes, ridge_of)
+    points.py       phases_roofline.png (prefill vs decode of one model on the roofs),
+                    variants_roofline.png (every attention variant, phase by phase) and
+                    gap.png (measured against predicted), plus what every phase figure
+                    shares (Notes, ridge_of)
     sweeps.py       batch.png, throughput.png, crossover.png, kv_cache.png (phases.json)
     breakdown.py    the per-op breakdown figure (breakdown.json; `python -m
                     microbench.plots.breakdown breakdown.json [out.png]`)
@@ -36,22 +38,24 @@ from pathlib import Path
 
 from microbench.plots.common import PALETTE, fmt_si, load_results, save
 from microbench.plots.hierarchy import hierarchy_figure
-from microbench.plots.points import gap_figure, phases_roofline_figure
+from microbench.plots.points import gap_figure, phases_roofline_figure, variants_roofline_figure
 from microbench.plots.roofline import roofline_figure
 from microbench.plots.sweeps import batch_figure, crossover_figure, kv_figure, throughput_figure
 from microbench.schema import read_result
 
 FIGURES = {"roofline": roofline_figure, "hierarchy": hierarchy_figure,
            "phases_roofline": phases_roofline_figure,
+           "variants_roofline": variants_roofline_figure,
            "batch": batch_figure, "throughput": throughput_figure,
            "crossover": crossover_figure, "kv_cache": kv_figure, "gap": gap_figure}
 PEAKS_FIGURES = ("roofline", "hierarchy")  # drawn from peaks.json
-PHASE_FIGURES = ("phases_roofline", "batch", "throughput", "crossover", "kv_cache", "gap")
+PHASE_FIGURES = ("phases_roofline", "variants_roofline", "batch", "throughput", "crossover",
+                 "kv_cache", "gap")
 
 __all__ = ["FIGURES", "PALETTE", "PEAKS_FIGURES", "PHASE_FIGURES", "batch_figure",
            "crossover_figure", "draw_all", "fmt_si", "gap_figure", "hierarchy_figure",
            "kv_figure", "load_results", "load_saved", "phases_roofline_figure", "plot_files",
-           "roofline_figure", "save", "throughput_figure"]
+           "roofline_figure", "save", "throughput_figure", "variants_roofline_figure"]
 
 
 def plot_files(paths: Sequence[str | Path], out_dir: str | Path,
@@ -71,10 +75,11 @@ def load_saved(data_dir: str | Path) -> tuple[dict, dict | None]:
 
 
 def draw_all(out_dir: str | Path, peaks: dict, phases: dict | None = None) -> list[Path]:
-    """Every figure of a peaks result and, when given, of a phases result, into out_dir."""
+    """Every figure of a peaks result and, when given, of a phases result, into out_dir (a
+    phase figure is given both: the headline draws the peaks' spec ceilings)."""
     out = Path(out_dir)
     written = [save(FIGURES[name]([peaks]), out / f"{name}.png") for name in PEAKS_FIGURES]
     if phases is not None:
-        written += [save(FIGURES[name]([phases]), out / f"{name}.png")
+        written += [save(FIGURES[name]([phases, peaks]), out / f"{name}.png")
                     for name in PHASE_FIGURES]
     return written

@@ -194,6 +194,21 @@ def kv_claim(rows: Sequence[dict]) -> dict[str, str]:
     return out
 
 
+def roof_share(intensity: float, flops_per_s: float, compute: float, bandwidth: float
+               ) -> tuple[float, str]:
+    """(achieved / the roof at that intensity, "compute" or "memory"): which roof bounds a
+    point at `intensity` FLOP/byte under a compute roof (FLOP/s) and a memory roof (B/s)."""
+    memory = bandwidth * intensity
+    return (flops_per_s / min(compute, memory), "compute" if compute <= memory else "memory")
+
+
+def headline_claim(shares: dict[str, tuple[float, str]]) -> str:
+    """'prefill at 96% of the compute roof, decode at 93% of the memory roof': per phase,
+    its share of the roof that bounds it (roof_share)."""
+    return ", ".join(f"{phase} at {share:.0%} of the {roof} roof"
+                     for phase, (share, roof) in shares.items())
+
+
 def gap_claim(ratios: Sequence[float]) -> str:
     """How many measured/predicted ratios fall in BAND, and their median."""
     if not ratios:

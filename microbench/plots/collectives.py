@@ -18,6 +18,7 @@ from pathlib import Path
 from microbench.plots.common import (
     PALETTE,
     check_kind,
+    made_by,
     new_figure,
     num,
     redraw_main,
@@ -117,7 +118,8 @@ def _links_drawn(ax, result: dict) -> None:
         gbs = link["bandwidth"] / 1e9
         ax.axhline(gbs, color="0.35", ls="--", lw=1.2)
         below = above is not None and above / gbs < 1.6
-        ax.text(1.0, gbs, f" vendor spec: {link['name']} {num(gbs)} GB/s ",
+        ax.text(1.0, gbs / 1.15 if below else gbs * 1.03,
+                f" vendor spec: {link['name']} {num(gbs)} GB/s ",
                 transform=ax.get_yaxis_transform(), ha="right",
                 va="top" if below else "bottom", fontsize=9, color="0.25")
         above = gbs
@@ -141,10 +143,11 @@ def _series(ax, result: dict, key: str, scale: float) -> None:
         ax.fill_between(x, lo, hi, color=PALETTE[i], alpha=0.2, lw=0)
 
 
-def _size_axis(ax, result: dict) -> None:
+def _size_axis(ax, result: dict, most: int = 9) -> None:
+    """Message sizes on a log axis, at most `most` of them labelled (a narrow panel: fewer)."""
     ax.set_xscale("log", base=2)
     sizes = sorted({r["bytes"] for r in _rows(result)})
-    ticks = sizes if len(sizes) <= 9 else sizes[::2]
+    ticks = sizes[::-(-len(sizes) // most)]
     ax.set_xticks(ticks, [fmt_bytes(s) for s in ticks])
     ax.set_xlabel("message size S: bytes per device (all_gather: its output)")
 
@@ -158,25 +161,26 @@ def _bandwidth_panel(ax, result: dict) -> None:
     ax.set_ylim(top=top / 1e9 * 2.5)
     _size_axis(ax, result)
     ax.set_ylabel("bus bandwidth (GB/s, nccl-tests busbw)")
-    ax.legend(loc="lower right", fontsize=9,
-              title="measured median, p10-p90 shaded; dashed: vendor spec,\n"
-                    "one direction per chip (what busbw compares with)", title_fontsize=8.5)
     emulated = (result.get("devices") or {}).get("emulated", result.get("emulated"))
     what = ("\nemulated devices: threads copying memory within one DRAM, not a link"
             if emulated else "")
-    ax.set_title(f"(a) bus bandwidth vs message size{what}\n{claim(result, 2)}", fontsize=11,
+    ax.legend(loc="lower right", fontsize=9,
+              title="measured median, p10-p90 shaded; dashed: vendor spec,\n"
+                    f"one direction per chip (what busbw compares with){what}",
+              title_fontsize=8.5)
+    ax.set_title(f"(a) bus bandwidth vs message size, {claim(result, 2)}", fontsize=10.5,
                  loc="left")
 
 
 def _time_panel(ax, result: dict) -> None:
     _series(ax, result, "seconds", 1e-6)
     ax.set_yscale("log")
-    _size_axis(ax, result)
+    _size_axis(ax, result, most=6)
     ax.set_ylabel("time per call (us, median, p10-p90 shaded)")
     smallest = [min(_rows(result, n), key=lambda r: r["bytes"]) for n in names(result)]
-    text = _join([f"{r['collective']} {_us(r['seconds'])}" for r in smallest], 2)
+    text = _join([f"{r['collective']} {_us(r['seconds'])}" for r in smallest], 0)
     size = fmt_bytes(min(r["bytes"] for r in smallest))
-    ax.set_title(f"(b) time per call; at {size} (latency):\n{text}", fontsize=11, loc="left")
+    ax.set_title(f"(b) time per call; latency at {size}:\n{text}", fontsize=10, loc="left")
 
 
 def suptitle(result: dict) -> str:
@@ -190,7 +194,7 @@ def suptitle(result: dict) -> str:
 def collectives_figure(result: dict):
     fig, _ = new_figure(16, 7.5)
     fig.clear()
-    grid = fig.add_gridspec(1, 2, width_ratios=[1.6, 1.0])
+    grid = fig.add_gridspec(1, 2, width_ratios=[1.45, 1.0])
     ax_bw, ax_t = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
     if not _rows(result):
         _note(ax_bw, "nothing measured")
@@ -199,6 +203,8 @@ def collectives_figure(result: dict):
         _bandwidth_panel(ax_bw, result)
         _time_panel(ax_t, result)
     fig.suptitle(suptitle(result), fontsize=13)
+    fig.supxlabel(made_by(result.get("environment")), fontsize=9, ha="left", x=0.01,
+                  color="0.3")
     return fig
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from microbench.plots.common import PALETTE, save, styled
+from microbench.plots.common import PALETTE, made_by, save, styled
 from microbench.plots.serving import machine_name
 
 FILE = "decode.png"
@@ -67,9 +67,9 @@ def decode_figure(result: dict):
     _step_times_panel(left, result)
     _rounds_panel(right, result)
     fig.suptitle(title(result), fontsize=10)
-    fig.supxlabel(f"{machine_name(result.get('environment'))}; memory: "
-                  f"{result['read_program']}, compute: {result['gemm_program']}",
-                  fontsize=7, color="0.4")
+    fig.supxlabel(f"{made_by(result.get('environment'))}; roofs: memory "
+                  f"{result['read_program']}, compute {result['gemm_program']}",
+                  fontsize=8.5, color="0.3")
     return fig
 
 
@@ -124,16 +124,14 @@ def _rounds_panel(ax, result: dict) -> None:
             ax.plot(rounds, [p["speed_over"]["llama.cpp"] for p in pts], marker="s",
                     ls=":", color=COLORS[program],
                     label=f"{NAMES[program]}: speed over llama.cpp")
-    ax.axhline(t["vs_read"], color="0.5", lw=0.8, ls="--")
-    ax.text(rounds[0], t["vs_read"], f" target {t['vs_read']} of the read", fontsize=8,
-            va="bottom", color="0.4")
-    ax.axhline(t["vs_llamacpp"], color="0.5", lw=0.8, ls=":")
-    ax.text(rounds[0], t["vs_llamacpp"], f" target {t['vs_llamacpp']}x llama.cpp",
-            fontsize=8, va="bottom", color="0.4")
+    ax.axhline(t["vs_read"], color="0.5", lw=0.8, ls="--",
+               label=f"target: {t['vs_read']} of the C read")
+    ax.axhline(t["vs_llamacpp"], color="0.5", lw=0.8, ls=":",
+               label=f"target: {t['vs_llamacpp']}x llama.cpp")
     ax.set_xticks(rounds)
     ax.set_xlabel("round")
     ax.set_ylabel("ratio, batch 1 (same round)")
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, 1.08 * ax.get_ylim()[1])  # the targets' lines clear of the frame
     ax.legend(fontsize=8, loc="lower left")
     ax.set_title("batch 1, round by round", fontsize=10)
 

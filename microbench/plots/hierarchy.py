@@ -13,7 +13,14 @@ from collections.abc import Sequence
 
 from matplotlib.figure import Figure
 
-from microbench.plots.common import PALETTE, SUSPECT_COLOR, fmt_si, styled
+from microbench.plots.common import (
+    PALETTE,
+    SUSPECT_COLOR,
+    fmt_si,
+    made_by,
+    place_labels,
+    styled,
+)
 from microbench.roofline import READ, levels, main_roofs
 from microbench.schema import KIND_PEAKS
 
@@ -40,6 +47,7 @@ def hierarchy_figure(results: Sequence[dict], title: str | None = None) -> Figur
     fig = Figure(figsize=(15, 6.8), layout="constrained")
     ax, ax2 = fig.subplots(1, 2, width_ratios=[1.4, 1])
     hier = result.get("hierarchy")
+    plateaus = []  # (x, y, text, colour), labelled once the layout is final
     if hier:
         _series(ax, hier["all_cores"], PALETTE[0], hier["all_cores"]["program"], "o")
         _series(ax, hier["single_core"], PALETTE[1], hier["single_core"]["program"], "s")
@@ -47,15 +55,14 @@ def hierarchy_figure(results: Sequence[dict], title: str | None = None) -> Figur
         for q in hier["all_cores"]["plateaus"]:
             color = SUSPECT_COLOR if q["name"] in bad else "black"
             ax.hlines(q["bytes_per_s"], q["lo_bytes"], q["hi_bytes"], colors=[color], lw=3)
-            ax.annotate(f"{q['name']} {fmt_si(q['bytes_per_s'], 'B/s')}"
-                        + (" VIOLATES the hierarchy" if q["name"] in bad else ""),
-                        (q["lo_bytes"], q["bytes_per_s"]), textcoords="offset points",
-                        xytext=(0, 6), fontsize=9, color=color)
+            plateaus.append(((q["lo_bytes"] * q["hi_bytes"]) ** 0.5, q["bytes_per_s"],
+                             f"{q['name']} {fmt_si(q['bytes_per_s'], 'B/s')}"
+                             + (" VIOLATES the hierarchy" if q["name"] in bad else ""), color))
         for name, cap in hier["all_cores"]["cache_capacities"]:
             ax.axvline(cap, color="0.5", ls="--", lw=1)
-            ax.text(cap, 0.55, f"OS: {name} {cap / 2**20:.3g} MiB (all cores) ",
-                    transform=ax.get_xaxis_transform(), rotation=90, fontsize=8, color="0.4",
-                    ha="right", va="center")
+            ax.text(cap * 1.15, 0.985, f"OS {name}: {fmt_bytes(cap)}",
+                    transform=ax.get_xaxis_transform(), fontsize=8.5, color="0.4",
+                    ha="left", va="top")
     sweep = result["sweep"]["points"]
     ax.plot([p["working_set_bytes"] for p in sweep],
             [p["bytes_per_s"]["median"] for p in sweep], ":", color="0.45",
@@ -74,11 +81,24 @@ def hierarchy_figure(results: Sequence[dict], title: str | None = None) -> Figur
                "hierarchy VIOLATED: " + "; ".join(c["smaller"] + " < " + c["larger"]
                                                   for c in checks if not c["ok"]))
     ax.set_title(f"Read bandwidth per level at a fixed thread count: {verdict}", fontsize=11)
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(lo, hi * (hi / lo) ** 0.12)  # room for the OS cache sizes over the data
     ax.legend(loc="lower left", fontsize=8.5, frameon=False)
     _drift_panel(ax2, result)
     fig.suptitle(title or f"Memory hierarchy and drift: {result['machine']} "
                  f"({result['environment'].get('date_utc', '?')[:10]})", fontsize=14)
+    fig.supxlabel(made_by(result.get("environment")), fontsize=9, ha="left", x=0.01)
+    for x, y, text, color in plateaus:
+        place_labels(ax, [(x, y, text)], fontsize=9, color=color)
     return fig
+
+
+def fmt_bytes(n: float) -> str:
+    """65536 -> '64 KiB', 33554432 -> '32 MiB'."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
 
 
 def _drift_panel(ax, result: dict) -> None:

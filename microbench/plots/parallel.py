@@ -139,8 +139,8 @@ def tp_figure(result: dict) -> Figure:
                       label=f"faded: weights + KV over {use.split('<= ')[1].split(' x')[0]} "
                             f"x {num(memory / 1e9)} GB")]
     fig.legend(handles=handles, loc="outside lower center", ncol=5, fontsize=10)
-    fig.suptitle(f"Decode per device vs tensor-parallel degree on {tp['device']}, context "
-                 f"{setup['context']}: {tp_claim(tp)}\n"
+    fig.suptitle(f"On paper: decode per device vs tensor-parallel degree on {tp['device']}, "
+                 f"context {setup['context']}: {tp_claim(tp)}\n"
                  f"{result['assumptions']['bound']}. {tp['note']}", fontsize=13)
     return fig
 
@@ -219,12 +219,11 @@ def ep_figure(result: dict) -> Figure:
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("decode tokens per device (batch / EP)")
     left.set_ylabel("bytes per device per decode step")
-    right.set_ylabel("ms per decode step")
+    right.set_ylabel("ms per decode step (expert reads at HBM\nbandwidth, all-to-all on the link)")
     bytes_claim, time_claim = ep_claims(ep)
     left.set_title("Bytes: expert weights read vs all-to-all sent\n" + bytes_claim,
                    fontsize=11)
-    right.set_title("Time: expert reads at HBM bandwidth vs all-to-all on the link\n"
-                    + time_claim, fontsize=11)
+    right.set_title(time_claim, fontsize=10)
     link_of = {p["ep"]: p["link"] for p in ep["per_degree"]}
     handles = [Line2D([], [], color=PALETTE[k % len(PALETTE)], marker="o",
                       label=f"EP {e} ({link_of[e]})") for k, e in enumerate(degrees)]
@@ -237,7 +236,8 @@ def ep_figure(result: dict) -> Figure:
                        linestyle="", label="hollow: does not fit")]
     fig.legend(handles=handles, loc="outside lower center", ncol=5, fontsize=10)
     a = ep["rows"][0]["assumptions"]
-    fig.suptitle(f"{ep['model']} decode ({ep['weight_dtype']} weights, {a['dtypes']['act']} "
+    fig.suptitle(f"On paper: {ep['model']} decode ({ep['weight_dtype']} weights, "
+                 f"{a['dtypes']['act']} "
                  f"activations, context {a['context']}) on {ep['device']}, experts split over "
                  f"EP devices, attention data-parallel\n{ep['link_rule']}\n"
                  f"{result['assumptions']['bound']}", fontsize=12)

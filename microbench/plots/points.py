@@ -19,19 +19,28 @@ from collections.abc import Sequence
 from matplotlib.figure import Figure
 
 from microbench import roofline
-from microbench.plots.claims import backends, gap_claim, roofline_claim, short_reason
+from microbench.plots.claims import (
+    backends,
+    gap_claim,
+    headline_claim,
+    roof_share,
+    short_reason,
+)
 from microbench.plots.common import (
     PALETTE,
     SUSPECT_COLOR,
-    draw_compute_roof,
-    draw_memory_roof,
     fmt_si,
+    legend_clear,
+    made_by,
+    marker_boxes,
     new_figure,
-    roof_ends,
+    place_labels,
+    renderer_of,
+    shared_area,
     styled,
 )
 from microbench.roofline import BAND
-from microbench.schema import KIND_PHASES, point_sweeps
+from microbench.schema import KIND_PEAKS, KIND_PHASES, point_sweeps
 
 PHASE_MARKERS = {"prefill": "s", "decode_attention": "o", "decode_ffn": "^", "decode": "D"}
 SUSPECT_LABEL = "above its roof: measurement to explain"
@@ -53,55 +62,12 @@ def in_sweep(point: dict, sweep: str) -> bool:
     return sweep in point_sweeps(point)
 
 
-def _variant_colors(points: Sequence[dict]) -> dict:
-    names = list(dict.fromkeys(p["variant"] for p in points))
-    return {v: PALETTE[i % len(PALETTE)] for i, v in enumerate(names)}
-
-
 def ridge_of(result: dict, memory_level: str | None = None) -> dict | None:
     """The ridge of the model dtype's GEMM roof over the memory roof keyed `memory_level` (a
     point's predicted["memory_level"]), else main memory's read-only roof, else its
     read+write roof (roofline.phase_ridge). None without both roofs."""
     return roofline.phase_ridge(result["peaks"]["roofs"], result["model"]["dtype"],
                                 memory_level)
-
-
-def _machine_roofs(ax, result: dict, color: str = "0.4", prefix: str = "") -> list:
-    """The measured roofs the predictions used (every memory level, the matrix roof of the
-    model's dtype), each labelled on the line itself as well as in the legend. Returns the
-    labels to place once the axes' limits are known (_place_roof_labels)."""
-    roofs = result["peaks"]["roofs"]
-    compute = roofline.gemm_roofs(roofs["compute"], result["model"]["dtype"])
-    memory = [r for r in roofs["memory"] if not r.get("suspect")]
-    bw_max, flops_max = roof_ends(memory, compute)
-    labels = []
-    for roof in memory:
-        draw_memory_roof(ax, roof, flops_max, color, prefix, dashed=False)
-        labels.append(("memory", roof, f"{prefix}{roof['name']} {fmt_si(roof['value'], 'B/s')}"))
-    for roof in compute:
-        draw_compute_roof(ax, roof, bw_max, color, prefix, dashed=False)
-        labels.append(("compute", roof,
-                       f"{prefix}{roof['name']} {fmt_si(roof['value'], 'FLOP/s')}"))
-    return labels
-
-
-def _place_roof_labels(fig, ax, labels: list, color: str = "0.25") -> None:
-    """Text along each memory diagonal (staggered so close lines stay legible) and above
-    each compute roof at its right end. Called after the axes' limits are final."""
-    fig.draw_without_rendering()  # settle the layout so the diagonals' angle is right
-    x0, x1 = ax.get_xlim()
-    memory = sorted((lb for lb in labels if lb[0] == "memory"), key=lambda lb: -lb[1]["value"])
-    for n, (_, roof, text) in enumerate(memory):
-        x = x0 * 2 ** (0.6 + 1.1 * n)
-        (ax_, ay), (bx, by) = ax.transData.transform([(x, roof["value"] * x),
-                                                       (2 * x, roof["value"] * 2 * x)])
-        angle = math.degrees(math.atan2(by - ay, bx - ax_))
-        ax.text(x, roof["value"] * x * 1.08, text, rotation=angle, rotation_mode="anchor",
-                fontsize=8.5, color=color, ha="left", va="bottom", zorder=3,
-                bbox={"facecolor": "white", "alpha": 0.75, "lw": 0, "pad": 0.6})
-    for _, roof, text in (lb for lb in labels if lb[0] == "compute"):
-        ax.text(x1 / 1.3, roof["value"] * 1.08, text, fontsize=8.5, color=color, ha="right",
-                va="bottom")
 
 
 # ----------------------------------------------------------------------- notes on points
@@ -117,6 +83,7 @@ class Notes:
     def __init__(self):
         self.reasons: dict[str, dict] = {}  # reason -> {point id: measured/predicted}
         self.suspects: dict[tuple, str] = {}
+        self.numbered: list[tuple] = []  # (axes, x, y) of each number written
 
     @staticmethod
     def _id(point: dict) -> tuple:
@@ -137,7 +104,11 @@ class Notes:
         if k is not None:
             ax.scatter([x], [y], s=230, facecolors="none", edgecolors="black", lw=1.0,
                        zorder=6)
-            ax.annotate(str(k), (x, y), xytext=(7, -13), textcoords="offset points",
+            near = sum(a is ax and math.isclose(x, u, rel_tol=0.1, abs_tol=0.05)
+                       and math.isclose(y, v, rel_tol=0.1) for a, u, v in self.numbered)
+            self.numbered.append((ax, x, y))  # beside a point nearby: the other side, lower
+            ax.annotate(str(k), (x, y), xytext=(-7 if near % 2 else 7, -13 - 10 * (near // 2)),
+                        textcoords="offset points", ha="right" if near % 2 else "left",
                         fontsize=8, fontweight="bold", zorder=7)
         if point.get("suspect"):
             ax.scatter([x], [y], marker="X", s=150, color=SUSPECT_COLOR, zorder=8)
@@ -165,83 +136,305 @@ class Notes:
                                              f"summary.md and phases.json (outside_reason)"]
         return "\n".join(textwrap.shorten(line, 175) for line in lines)
 
-    def footnote(self, fig) -> None:
-        if self.reasons or self.suspects:
-            fig.supxlabel(self.text(), fontsize=9, ha="left", x=0.01)
+    def footnote(self, fig, first: str = "") -> None:
+        """The notes under the figure, after `first` (the line saying what made it)."""
+        text = "\n".join(line for line in (first, self.text()) if line)
+        if text:
+            fig.supxlabel(text, fontsize=9, ha="left", x=0.01)
+
+
+def machine_line(result: dict, points: Sequence[dict]) -> str:
+    """A phase figure's first footnote: the machine and backend that measured `points`."""
+    return made_by(result.get("environment"), backends(points))
 
 
 # ----------------------------------------------------------------------- figures
 
-def _draw_phase_points(ax, points: Sequence[dict], colors: dict, key: str, notes: Notes):
-    """Measured points (filled, p10-p90 bars) and their predictions (hollow), joined."""
+# ----------------------------------------------------------------------- roofline figures
+
+PHASE_COLORS = {"prefill": PALETTE[1], "decode_attention": PALETTE[2], "decode_ffn": PALETTE[4],
+                "decode": PALETTE[0]}
+PHASE_WORDS = {"prefill": "prefill", "decode_attention": "decode attention",
+               "decode_ffn": "decode FFN", "decode": "decode step"}
+ROOF_COLOR = "0.2"
+FLAGS_NOTE = ("each point's prediction, and the points off it or above their roof with their "
+              "reasons: summary.md")
+
+
+def roofline_points(result: dict) -> list[dict]:
+    return [p for p in result["points"] if in_sweep(p, "roofline")]
+
+
+def phase_roofs(result: dict, points: Sequence[dict]) -> tuple[dict, dict] | None:
+    """(compute roof, memory roof) the points were predicted on: the model dtype's best GEMM
+    roof over the memory roof most of their predictions used (ridge_of). None without both."""
+    levels_ = Counter((p.get("predicted") or {}).get("memory_level") for p in points)
+    rd = ridge_of(result, levels_.most_common(1)[0][0] if points else None)
+    if rd is None:
+        return None
+    roofs = result["peaks"]["roofs"]
+    pick = lambda kind, name: next(r for r in roofs[kind]  # noqa: E731
+                                   if r["name"] == name and not r.get("suspect"))
+    return pick("compute", rd["compute"]), pick("memory", rd["memory"])
+
+
+def headline_variant(result: dict, points: Sequence[dict]) -> str | None:
+    """The variant the headline shows: the model's own attention (model.config.attention)
+    when the roofline sweep has its prefill and decode, else the first variant that has both."""
+    both = [v for v in dict.fromkeys(p["variant"] for p in points)
+            if {"prefill", "decode"} <= {p["phase"] for p in points if p["variant"] == v}]
+    own = (result["model"].get("config") or {}).get("attention")
+    return own if own in both else next(iter(both), None)
+
+
+def spec_roofs(results: Sequence[dict], machine: str, dtype: str) -> dict | None:
+    """The vendor or theoretical ceilings of `machine` (a peaks result's spec block among
+    `results`): {"kind", "flops" (dtype's peak or None), "bandwidth" (main memory or None)}."""
+    for r in results:
+        spec = r.get("spec") if r.get("kind") == KIND_PEAKS and r.get("machine") == machine \
+            else None
+        if spec:
+            return {"kind": "theoretical" if spec.get("derivation") else "vendor",
+                    "flops": (spec.get("peak_flops") or {}).get(dtype),
+                    "bandwidth": (spec.get("memory_bandwidth") or {}).get(
+                        spec.get("main_memory"))}
+    return None
+
+
+def _pow2_range(lo: float, hi: float) -> tuple[float, float]:
+    return 2.0 ** math.floor(math.log2(lo)), 2.0 ** math.ceil(math.log2(hi))
+
+
+def _draw_roofs(ax, compute: dict, memory: dict, xs: tuple[float, float],
+                spec: dict | None = None, color=ROOF_COLOR) -> float:
+    """The measured memory diagonal and compute roof meeting at the ridge (solid, p10-p90
+    shaded), the spec ceilings dashed, the ridge dotted down to the x axis. Returns the ridge."""
+    x0, x1 = xs
+    bw, top = memory["value"], compute["value"]
+    ridge = top / bw
+    left = [x0, min(ridge, x1)]
+    ax.plot(left, [bw * x for x in left], color=color, lw=2, zorder=3)
+    ax.fill_between(left, [memory["p10"] * x for x in left], [memory["p90"] * x for x in left],
+                    color=color, alpha=0.12, lw=0)
+    right = [max(ridge, x0), x1]
+    ax.plot(right, [top, top], color=color, lw=2, zorder=3)
+    ax.fill_between(right, compute["p10"], compute["p90"], color=color, alpha=0.12, lw=0)
+    if spec and spec["flops"]:
+        start = max(x0, spec["flops"] / (spec["bandwidth"] or bw))
+        ax.plot([start, x1], [spec["flops"]] * 2, color=color, lw=1.4, ls="--")
+    if spec and spec["bandwidth"]:
+        end = min(x1, (spec["flops"] or top) / spec["bandwidth"])
+        ax.plot([x0, end], [spec["bandwidth"] * x0, spec["bandwidth"] * end], color=color,
+                lw=1.4, ls="--")
+    if x0 < ridge < x1:
+        ax.plot([ridge, ridge], [1e-30, top], color=color, lw=1, ls=":")
+    return ridge
+
+
+def _roof_labels(ax, compute: dict, memory: dict, spec: dict | None, points: Sequence[dict],
+                 dtype: str, fontsize: float = 9.5, renderer=None) -> list:
+    """The roofs' names and values written on them: the compute roof's under it (right of the
+    ridge, else at its right end), a spec peak's over its line, the memory roof's along its
+    diagonal (past the points below the ridge, else nearer the origin, else under the line),
+    the ridge's at the foot of its line; each at the first of its places inside the axes
+    that covers no point and no label before it. Returns their display boxes (for
+    place_labels to avoid). Call once the axes' limits and the layout are final."""
+    renderer = renderer or renderer_of(ax.figure)
+    frame = ax.get_window_extent(renderer)
+    taken = marker_boxes(ax, renderer)
+    (x0, x1), (y0, _) = ax.get_xlim(), ax.get_ylim()
+    bw, top = memory["value"], compute["value"]
+    ridge = top / bw
+    style = {"fontsize": fontsize, "color": ROOF_COLOR, "zorder": 4}
+    boxes = []
+
+    def first_clear(text, places):
+        for n, (x, y, kw) in enumerate(places):
+            t = ax.text(x, y, text, **style, **kw)
+            box = t.get_window_extent(renderer)
+            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 \
+                and box.y1 <= frame.y1
+            if (inside and not any(shared_area(box, b) for b in taken)) or n == len(places) - 1:
+                taken.append(box)
+                boxes.append(box)
+                return
+            t.remove()
+
+    if ridge < x1:
+        x = max(ridge, x0) * 1.25
+        first_clear(f"{compute['name']}: {fmt_si(top, 'FLOP/s')} (measured)",
+                    [(x, top / 1.04, {"ha": "left", "va": "top"}),
+                     (x1 / 1.1, top / 1.04, {"ha": "right", "va": "top"}),
+                     (x, top * 1.04, {"ha": "left", "va": "bottom"})])
+        if spec and spec["flops"]:
+            first_clear(f"{dtype} peak: {fmt_si(spec['flops'], 'FLOP/s')} ({spec['kind']})",
+                        [(x, spec["flops"] * 1.04, {"ha": "left", "va": "bottom"}),
+                         (x1 / 1.1, spec["flops"] * 1.04, {"ha": "right", "va": "bottom"})])
+    if x0 < ridge:
+        (ax_, ay), (bx, by) = ax.transData.transform([(1, bw), (2, 2 * bw)])
+        along = {"rotation": math.degrees(math.atan2(by - ay, bx - ax_)),
+                 "rotation_mode": "anchor", "ha": "left"}
+        below = [p["intensity"] for p in points if p["intensity"] < ridge]
+        starts = [max([x0 * 1.3] + [v * 1.6 for v in below])]
+        starts += [x for x in (starts[0] / 2, starts[0] / 4, x0 * 1.3) if x0 < x < starts[0]]
+        text = f"{memory['name']}: {fmt_si(bw, 'B/s')} (measured)"
+        first_clear(text, [(x, bw * x * 1.12, {**along, "va": "bottom"}) for x in starts]
+                    + [(x, bw * x / 1.12, {**along, "va": "top"}) for x in starts])
+    if x0 < ridge < x1:
+        first_clear(f"ridge {ridge:.3g} FLOP/B",
+                    [(ridge * 1.06, y0 * 1.15, {"ha": "left", "va": "bottom"}),
+                     (ridge / 1.06, y0 * 1.15, {"ha": "right", "va": "bottom"})])
+    return boxes
+
+
+def _points(ax, points: Sequence[dict], color, emphasis: str | None = None) -> None:
+    """Measured medians with p10-p90 bars; the `emphasis` variant's drawn larger."""
     for p in points:
-        c, m = colors[p[key]], PHASE_MARKERS[p["phase"]]
-        y, (lo, hi) = p["flops_per_s"]["median"], (p["flops_per_s"]["p10"],
-                                                    p["flops_per_s"]["p90"])
-        ax.errorbar([p["intensity"]], [y], yerr=[[y - lo], [hi - y]], fmt=m, color=c, ms=9,
-                    mec="black", zorder=5)
-        notes.mark(ax, p, p["intensity"], y)
-        pred = p.get("predicted")
-        if pred:
-            ax.scatter([p["intensity"]], [pred["flops_per_s"]], marker=m, s=80,
-                       facecolors="none", edgecolors=c, zorder=4)
-            ax.plot([p["intensity"]] * 2, [y, pred["flops_per_s"]], color=c, lw=0.8, alpha=0.6)
+        y, r = p["flops_per_s"]["median"], p["flops_per_s"]
+        big = p["variant"] == emphasis
+        ax.errorbar([p["intensity"]], [y], yerr=[[y - r["p10"]], [r["p90"] - y]], fmt="o",
+                    color=color, ms=11 if big else 7, mec="black", mew=1.2 if big else 0.6,
+                    elinewidth=1.4, capsize=3, zorder=5)
+
+
+def _point_text(p: dict, compute: dict, memory: dict) -> str:
+    share, roof = roof_share(p["intensity"], p["flops_per_s"]["median"], compute["value"],
+                             memory["value"])
+    what = (f"prefill of {p['context']:,} tokens" if p["phase"] == "prefill"
+            else f"{PHASE_WORDS[p['phase']]} at context {p['context']:,}")
+    return (f"{what}: {p['timing']['median'] * 1e3:.3g} ms\n"
+            f"{fmt_si(p['flops_per_s']['median'], 'FLOP/s')} at {p['intensity']:.2g} FLOP/B "
+            f"= {share:.0%} of the {roof} roof")
+
+
+def _headline_runs(results: Sequence[dict]) -> list[tuple]:
+    """Per phases result: (result, [its model's prefill and decode points], (compute, memory)
+    roofs or None, its machine's spec ceilings or None)."""
+    out = []
+    for result in phases_of(results):
+        pts = roofline_points(result)
+        variant = headline_variant(result, pts)
+        pair = [p for ph in ("prefill", "decode") for p in pts
+                if p["variant"] == variant and p["phase"] == ph]
+        out.append((result, pair, phase_roofs(result, pts),
+                    spec_roofs(results, result["machine"], result["model"]["dtype"])))
+    return out
 
 
 @styled
 def phases_roofline_figure(results: Sequence[dict], title: str | None = None) -> Figure:
-    """Measured phase points (filled) and their predictions (hollow) on the measured roofs.
-
-    One machine: colours are variants. Several machines (e.g. this CPU and a GPU): colours
-    are machines, each with its own roofs."""
-    runs = phases_of(results)
-    fig, ax = new_figure(17, 12)
-    legend, notes, labels = {}, Notes(), []
-    for i, result in enumerate(runs):
-        points = [{**p, "machine": result["machine"]} for p in result["points"]
-                  if in_sweep(p, "roofline")]
-        if len(runs) == 1:
-            labels += _machine_roofs(ax, result)
-            colors, key = _variant_colors(points), "variant"
-            r = ridge_of(result, Counter((p.get("predicted") or {}).get("memory_level")
-                                         for p in points).most_common(1)[0][0])
-            if r:
-                ax.axvline(r["flops_per_byte"], color="0.3", ls=":", lw=1, label=r["label"])
-        else:
-            colors, key = {result["machine"]: PALETTE[i % len(PALETTE)]}, "machine"
-            labels += _machine_roofs(ax, result, colors[result["machine"]],
-                                     f"[{result['machine']}] ")
-        _draw_phase_points(ax, points, colors, key, notes)
-        legend.update(colors)
-    for name, c in legend.items():
-        ax.plot([], [], "s", color=c, label=f"{'variant' if len(runs) == 1 else 'machine'}: "
-                f"{name}")
-    for ph, m in PHASE_MARKERS.items():
-        ax.plot([], [], m, color="0.3", mfc="0.6", label=f"phase: {ph}")
-    ax.scatter([], [], marker="o", facecolors="none", edgecolors="0.3",
-               label="hollow: roofline prediction of the same phase\n(the sum of its ops' "
-                     "roofline times: below the roof\nwhere compute- and memory-bound ops mix)")
-    notes.legend(ax)
+    """Prefill vs decode of one model on the machine's roofs: the measured roofs its
+    predictions used (solid), the vendor or theoretical ones when a peaks result among
+    `results` has them (dashed), the ridge, and the two measured points labelled beside
+    them; the title says which roof each reaches and how close. Several phases results
+    (machines): each with its own roofs and points."""
+    runs = _headline_runs(results)
+    fig, ax = new_figure(11, 7.2)
+    xs = [p["intensity"] for _, pair, _, _ in runs for p in pair]
+    ys = [p["flops_per_s"]["p10"] for _, pair, _, _ in runs for p in pair]
+    ridges = [rf[0]["value"] / rf[1]["value"] for _, _, rf, _ in runs if rf]
+    x0, x1 = _pow2_range(min(xs + ridges) / 3, max(xs + ridges) * 5)
+    tops, bottoms, shares = list(ys), list(ys), {}
+    for _, pair, roofs, spec in runs:
+        if roofs:
+            _draw_roofs(ax, *roofs, (x0, x1), spec)
+            tops += [roofs[0]["value"], (spec or {}).get("flops") or 0]
+            bottoms.append(roofs[1]["value"] * x0)
+            shares.update({p["phase"]: roof_share(p["intensity"], p["flops_per_s"]["median"],
+                                                  roofs[0]["value"], roofs[1]["value"])
+                           for p in pair})
+        for p in pair:
+            _points(ax, [p], PHASE_COLORS[p["phase"]], p["variant"])
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("Arithmetic intensity (counted FLOP / counted byte)")
-    ax.set_ylabel("Achieved performance (FLOP / s)")
-    model = runs[0]["model"]
-    points = [p for p in runs[0]["points"] if in_sweep(p, "roofline")]
-    machines = ", ".join(r["machine"] for r in runs)
-    fig.suptitle(title or f"Phases of the '{model['preset']}' model ({fmt_si(model['params'], '')}"
-                 f"parameters, {model['dtype']}) on {machines}", fontsize=14,
-                 x=0.01, ha="left")  # left: the legend column on the right starts at the top
-    prefill = next((p["context"] for p in points if p["phase"] == "prefill"), "?")
-    decode = next((p["context"] for p in points if p["phase"] != "prefill"), "?")
-    lines = [roofline_claim(points), f"Batch 1; prefill of {prefill} tokens; decode at "
-             f"context {decode}; backend: {backends(points)}.  Error bars: p10-p90."]
-    # wrapped: the legend's width (its roofs name their programs) decides the axes' width
-    ax.set_title("\n".join(textwrap.fill(line, 100) for line in lines), fontsize=10)
-    fig.legend(*ax.get_legend_handles_labels(), loc="outside right upper", ncol=1,
-               frameon=False, fontsize=8.5)
-    notes.footnote(fig)
-    _place_roof_labels(fig, ax, labels)
+    ax.set(yscale="log", xlim=(x0, x1), ylim=(min(bottoms) / 1.8, max(tops) * 1.8),
+           xlabel="Arithmetic intensity (counted FLOP / counted byte)",
+           ylabel="Achieved (FLOP / s)")
+    result, pair, _, spec = runs[0]
+    model = result["model"]
+    claim = headline_claim(shares) if len(runs) == 1 else "prefill vs decode"
+    fig.suptitle(title or claim[:1].upper() + claim[1:], fontsize=15)
+    dashed = f"dashed: {spec['kind']} peak; " if spec and spec["flops"] else ""
+    ax.set_title(f"'{model['preset']}' model ({fmt_si(model['params'], '').replace(' ', '')} "
+                 f"parameters, {model['dtype']}, {pair[0]['variant'] if pair else '?'} "
+                 f"attention), batch 1, on {', '.join(r['machine'] for r, *_ in runs)}\n"
+                 f"solid: measured roofs (shaded: p10-p90 over rounds); {dashed}points: "
+                 "median, bars p10-p90", fontsize=10.5)
+    fig.text(0.01, 0.005, "\n".join(["; ".join(made_by(r.get("environment"), backends(pr))
+                                                for r, pr, *_ in runs),
+                                     "every attention variant: variants_roofline.png; "
+                                     + FLAGS_NOTE]), fontsize=8.5, color="0.3", va="bottom")
+    fig.get_layout_engine().set(rect=(0, 0.05, 1, 0.95))
+    avoid, labels = [], []  # once the layout is final: the roofs' labels, then the points'
+    for res, pr, roofs, spec_ in runs:
+        if roofs:
+            avoid += _roof_labels(ax, *roofs, spec_, pr, res["model"]["dtype"])
+            prefix = f"{res['machine']}: " if len(runs) > 1 else ""
+            labels += [(p["intensity"], p["flops_per_s"]["median"],
+                        prefix + _point_text(p, *roofs)) for p in pr]
+    # a white ground, so the ridge's dotted line never runs through a label
+    place_labels(ax, labels, avoid, fontsize=10.5,
+                 bbox={"facecolor": "white", "edgecolor": "none", "pad": 1.0, "alpha": 0.9})
+    return fig
+
+
+def _variant_claim(points: Sequence[dict], compute: dict, memory: dict) -> str:
+    shares = [roof_share(p["intensity"], p["flops_per_s"]["median"], compute["value"],
+                         memory["value"]) for p in points]
+    span = lambda lo, hi, f: f"{lo:{f}}" if f"{lo:{f}}" == f"{hi:{f}}" \
+        else f"{lo:{f}}-{hi:{f}}"  # noqa: E731
+    xs = sorted(p["intensity"] for p in points)
+    sh = sorted(s for s, _ in shares)
+    roofs = sorted({r for _, r in shares})  # the roof above each point: compute or memory
+    return (f"{span(xs[0], xs[-1], '.3g')} FLOP/B, {span(sh[0] * 100, sh[-1] * 100, '.0f')}% "
+            f"of the {' or '.join(roofs)} roof")
+
+
+@styled
+def variants_roofline_figure(results: Sequence[dict], title: str | None = None) -> Figure:
+    """Every attention variant's phases on the machine's measured roofs, one panel per phase
+    (its axes zoomed on its points), each point labelled with its variant beside it; the
+    headline's model drawn larger."""
+    result = phases_of(results)[0]
+    pts = roofline_points(result)
+    roofs = phase_roofs(result, pts)
+    phases = [ph for ph in PHASE_WORDS if any(p["phase"] == ph for p in pts)]
+    emphasis = headline_variant(result, pts)
+    fig = Figure(figsize=(16, 11 if len(phases) > 2 else 6), layout="constrained")
+    axes = [fig.add_subplot((len(phases) + 1) // 2, min(len(phases), 2), k + 1)
+            for k in range(len(phases))]
+    placed = []
+    for ax, phase in zip(axes, phases, strict=False):
+        ps = [p for p in pts if p["phase"] == phase]
+        xs = [p["intensity"] for p in ps]
+        x0, x1 = min(xs) / 2.5, max(xs) * 2.5
+        ys = [p["flops_per_s"][k] for p in ps for k in ("p10", "p90")]
+        y1 = max(ys) * 1.6
+        if roofs:
+            _draw_roofs(ax, *roofs, (x0, x1))
+            y1 = max(y1, min(roofs[0]["value"], roofs[1]["value"] * x1) * 1.35)
+        _points(ax, ps, PHASE_COLORS[phase], emphasis)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlim(x0, x1)
+        ax.set_ylim(min(ys) / 1.5, y1)
+        ax.set_xlabel("FLOP / byte (counted)")
+        ax.set_ylabel("Achieved (FLOP / s)")
+        ax.set_title(f"{PHASE_WORDS[phase]}: " + (_variant_claim(ps, *roofs) if roofs else
+                                                   f"{len(ps)} variants"), fontsize=11)
+        placed.append((ax, ps))
+    fig.suptitle(title or f"Each attention variant of the '{result['model']['preset']}' model, "
+                 f"phase by phase, on {result['machine']} (batch 1; larger: {emphasis}, the "
+                 "headline's model)", fontsize=14)
+    fig.text(0.01, 0.005, made_by(result.get("environment"), backends(pts)) + "\nsolid: "
+             "measured roofs (shaded p10-p90); points: median, bars p10-p90; " + FLAGS_NOTE,
+             fontsize=8.5, color="0.3", va="bottom")
+    fig.get_layout_engine().set(rect=(0, 0.04, 1, 0.96))
+    renderer = renderer_of(fig)  # the layout is final: labels inside the axes leave it so
+    for ax, ps in placed:
+        avoid = _roof_labels(ax, *roofs, None, ps, result["model"]["dtype"], 8.5,
+                             renderer) if roofs else []
+        place_labels(ax, [(p["intensity"], p["flops_per_s"]["median"], p["variant"])
+                          for p in ps], avoid, renderer, fontsize=10)
     return fig
 
 
@@ -271,10 +464,9 @@ def gap_figure(results: Sequence[dict], title: str | None = None) -> Figure:
     ax.set_xticks(range(len(variants)), variants, rotation=20)
     ax.set_xlabel("Attention variant / FFN (batch 1)")
     ax.set_ylabel("Measured / predicted throughput (1 = on the roof)")
-    ax.set_title(gap_claim([p["measured_over_predicted"] for p in pts]) + "\nBackend: "
-                 + backends(pts) + ".", fontsize=10)
-    ax.legend(frameon=False, fontsize=9)
+    ax.set_title(gap_claim([p["measured_over_predicted"] for p in pts]), fontsize=10)
     fig.suptitle(title or f"How close each phase gets to this machine's roofline "
                  f"({result['machine']})", fontsize=14)
-    notes.footnote(fig)
+    notes.footnote(fig, machine_line(result, pts))
+    legend_clear(ax, ncol=2, fontsize=9)
     return fig

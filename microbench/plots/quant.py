@@ -11,7 +11,6 @@ nothing in a title is assumed. Imports matplotlib, numpy and microbench.plots on
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
@@ -24,9 +23,11 @@ from microbench.plots.common import (
     PALETTE,
     check_kind,
     fmt_si,
+    made_by,
     md_table,
     new_figure,
     num,
+    place_labels,
     redraw_main,
     save,
     styled,
@@ -251,34 +252,14 @@ def _model_line(result: dict) -> str:
 
 # ------------------------------------------------------------------ the panels
 
-def _wrap(text: str, width: int) -> str:
-    """Each line of text wrapped at width characters, at '; ' and ', ' first."""
-    out = []
-    for line in text.split("\n"):
-        pieces: list[str] = []
-        for piece in re.split(r"(?<=[;,]) ", line):  # never inside [N, K] or 'a name'
-            last = pieces[-1] if pieces else ""
-            if last.count("[") > last.count("]") or last.count("'") % 2:
-                pieces[-1] = f"{last} {piece}"
-            else:
-                pieces.append(piece)
-        cur = ""
-        for piece in pieces:
-            if cur and len(cur) + 1 + len(piece) > width:
-                out.append(cur)
-                cur = "  " + piece
-            else:
-                cur = f"{cur} {piece}" if cur else piece
-        out.append(cur)
-    return "\n".join(out)
-
-
 MARKERS = "osD^vP*X"
 
 
-def _points(ax, rows: list[dict], x_key: str, fmt_key: str, x_scale: float, what: str) -> None:
-    """One marker per format at (x, bits per byte), labelled beside it (formats that land on
-    the same point share one label) and described in full in the legend."""
+def _points(ax, rows: list[dict], x_key: str, fmt_key: str, x_scale: float, what: str
+            ) -> list[tuple]:
+    """One marker per format at (x, bits per byte), described in full in the legend. Returns
+    the labels to write beside them, (x, y, text), once the layout is final (formats that
+    land on the same point share one)."""
     groups: dict = {}
     for i, r in enumerate(rows):
         name = fmt_name(r[fmt_key])
@@ -288,19 +269,19 @@ def _points(ax, rows: list[dict], x_key: str, fmt_key: str, x_scale: float, what
                 label=f"{name}: {num(x)} {what}\n{_signed(r.get('delta_bits_per_byte'))} "
                       f"bits/B, logit err {_pct(r.get('logit_error'))}")
         groups.setdefault((x, round(r["bits_per_byte"], 9)), []).append(name)
-    for (x, y), names in groups.items():
-        ax.annotate(" = ".join(names), (x, y), textcoords="offset points", xytext=(9, 4),
-                    fontsize=10, va="bottom")
+    return [(x, y, " = ".join(names)) for (x, y), names in groups.items()]
 
 
-def _quality_panel(ax, kv_ax, result: dict) -> None:
+def _quality_panel(ax, kv_ax, result: dict) -> list[tuple]:
+    """Bits per byte against the bytes of each weight format, and of each KV format. Returns
+    each axes' point labels to place: [(axes, [(x, y, text)])]."""
     rows = _weight_rows(result)
     if not rows:
         _note(ax, "no quality results")
         _note(kv_ax, "")
-        return
+        return []
     q = result.get("quality") or {}
-    _points(ax, rows, "weight_bytes", "weight_format", 1e6, "MB")
+    labels = [(ax, _points(ax, rows, "weight_bytes", "weight_format", 1e6, "MB"))]
     ax.set_xlim(0, max(r["weight_bytes"] for r in rows) / 1e6 * 1.3)
     ys = [r["bits_per_byte"] for r in _quality(result)]
     pad = max(max(ys) - min(ys), 1e-3 * max(ys))
@@ -309,19 +290,22 @@ def _quality_panel(ax, kv_ax, result: dict) -> None:
     ax.set_ylabel(f"{q.get('metric', 'bits per byte')}")
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3f}"))
     ax.legend(loc="upper right", fontsize=8, title="weights (KV float32)", title_fontsize=8.5)
-    ax.set_title(_wrap(f"(a) quality: {_model_line(result)}\n{quality_claim(result, True)}",
-                       48), fontsize=11.5, loc="left")
+    ax.set_title(f"(a) quality: {_model_line(result)}\n"
+                 + quality_claim(result, True).replace("bits per byte vs float32 weights",
+                                                       "bits/B vs float32"),
+                 fontsize=11, loc="left")
     kv = _kv_quality_rows(result)
     kv_ax.tick_params(labelleft=False)
-    kv_ax.set_title("KV formats", fontsize=11.5)
+    kv_ax.set_title("KV formats", fontsize=11)
     if not any(r.get("kv_format", "none") != "none" for r in kv):
         _note(kv_ax, "no quantized\nKV format")
-        return
-    _points(kv_ax, kv, "kv_bytes_per_token", "kv_format", 1, "B/token")
+        return labels
+    labels.append((kv_ax, _points(kv_ax, kv, "kv_bytes_per_token", "kv_format", 1, "B/token")))
     kv_ax.set_xlim(0, max(r["kv_bytes_per_token"] for r in kv) * 1.4)
     kv_ax.set_xlabel("KV cache bytes per token")
     kv_ax.legend(loc="upper right", fontsize=8, title="KV (weights float32)",
                  title_fontsize=8.5)
+    return labels
 
 
 def _steps_panel(ax, result: dict) -> None:
@@ -360,7 +344,9 @@ def _steps_panel(ax, result: dict) -> None:
     ax.set_xticks(x, precisions)
     ax.set_xlim(-0.6, len(precisions) - 0.4)
     ax.set_ylim(0, ymax)
-    ax.set_xlabel("precision of weights (w8a8: activations int8 too)")
+    steps = result.get("steps") or {}
+    ax.set_xlabel(f"precision of weights (w8a8: activations int8 too)\ndecode step, model "
+                  f"{steps.get('model', '?')}, {decode_context(result)} cached tokens")
     ax.set_ylabel("speedup over float32 (x)")
     handles = [Patch(color=PALETTE[j], label=f"measured, batch {b}: float32 time / this time")
                for j, b in enumerate(batches)]
@@ -369,11 +355,8 @@ def _steps_panel(ax, result: dict) -> None:
                              "(the speedup of a memory-bound step)"),
                 Line2D([], [], color="0.3", lw=1.2, label="1: as fast as float32")]
     ax.legend(handles=handles, loc="upper left", fontsize=8.5)
-    steps = result.get("steps") or {}
-    claims = "\n".join(step_claim(result, b, short=True) for b in batches)
-    ax.set_title(_wrap(f"(b) decode step, model {steps.get('model', '?')}, "
-                       f"{decode_context(result)} cached tokens\n{claims}", 60),
-                 fontsize=11.5, loc="left")
+    ax.set_title("(b) " + "\n".join(step_claim(result, b, short=True) for b in batches),
+                 fontsize=11, loc="left")
 
 
 def _memory_roof(result: dict) -> tuple[float, str] | None:
@@ -436,8 +419,8 @@ def _formulation_panel(ax, result: dict) -> None:
                               label=f"{roof[1]}: {fmt_si(roof[0], 'B/s')}"))
     ax.legend(handles=handles, loc="lower right", fontsize=8.5)
     claims = "\n".join(formulation_claim(result, m) for m in row_counts)
-    ax.set_title(_wrap(f"(c) formulations of x @ W: bytes become speed only when the kernel "
-                       f"streams them\n{claims}", 175), fontsize=11.5, loc="left")
+    ax.set_title(f"(c) formulations of x @ W (bytes become speed only when the kernel streams "
+                 f"them)\n{claims}".replace(")\n", "): ", 1), fontsize=11, loc="left")
 
 
 def _form_format(fs: list[dict], name: str) -> str:
@@ -454,17 +437,21 @@ def suptitle(result: dict) -> str:
 
 @styled
 def quant_figure(result: dict):
-    fig, _ = new_figure(16, 13)
+    fig, _ = new_figure(18, 13)
     fig.clear()
-    grid = fig.add_gridspec(2, 3, width_ratios=[2.0, 1.3, 2.8], height_ratios=[1.1, 1.0])
+    grid = fig.add_gridspec(2, 3, width_ratios=[2.0, 1.1, 2.8], height_ratios=[1.1, 1.0])
     ax_q = fig.add_subplot(grid[0, 0])
     ax_kv = fig.add_subplot(grid[0, 1], sharey=ax_q)
     ax_s = fig.add_subplot(grid[0, 2])
     ax_f = fig.add_subplot(grid[1, :])
-    _quality_panel(ax_q, ax_kv, result)
+    labels = _quality_panel(ax_q, ax_kv, result)
     _steps_panel(ax_s, result)
     _formulation_panel(ax_f, result)
     fig.suptitle(suptitle(result), fontsize=14)
+    fig.supxlabel(made_by(result.get("environment")), fontsize=9, ha="left", x=0.01,
+                  color="0.3")
+    for ax, points in labels:
+        place_labels(ax, points, fontsize=10)
     return fig
 
 

@@ -22,8 +22,12 @@ from microbench.plots.common import (
     draw_compute_roof,
     draw_memory_roof,
     fmt_si,
+    made_by,
+    marker_boxes,
     new_figure,
+    renderer_of,
     roof_ends,
+    shared_area,
     styled,
 )
 from microbench.roofline import main_roofs, ridge
@@ -177,4 +181,27 @@ def roofline_figure(results: Sequence[dict], title: str | None = None) -> Figure
     # two columns of long labels, each wrapped so neither runs past the figure's edge
     fig.legend(handles, [textwrap.fill(label, 78) for label in labels],
                loc="outside lower center", ncol=2, frameon=False, fontsize=8)
+    fig.supxlabel("; ".join(f"{r['machine']}: " * (len(results) > 1)
+                            + made_by(r.get("environment")) for r in results),
+                  fontsize=9, ha="left", x=0.01)
+    _slide_roof_names(ax)
     return fig
+
+
+def _slide_roof_names(ax) -> None:
+    """Each memory roof's name (common.draw_memory_roof writes it at the line's left end),
+    highest roof first, slid up its line to the first place that covers no marker and no
+    name before it: close bandwidths (L2, L3) would print their names on top of each other."""
+    renderer = renderer_of(ax.figure)
+    taken = marker_boxes(ax, renderer)
+    names = sorted((t for t in ax.texts if t.get_text().endswith("B/s")),
+                   key=lambda t: -t.xy[1])
+    for t in names:
+        bandwidth = t.xy[1] / t.xy[0]
+        for k in range(12):
+            x = X_RANGE[0] * 1.1 * 2 ** (0.45 * k)
+            t.xy = (x, bandwidth * x)
+            box = t.get_window_extent(renderer).padded(6)  # well apart, not touching
+            if not any(shared_area(box, b) for b in taken):
+                break
+        taken.append(t.get_window_extent(renderer))

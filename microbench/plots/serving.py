@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.ticker import FuncFormatter
 
-from microbench.plots.common import PALETTE, new_figure, redraw_main, save, styled
+from microbench.plots.common import PALETTE, made_by, new_figure, redraw_main, save, styled
 
 FILES = ("serve_latency_cdf.png", "serve_goodput.png", "serve_prefix_cache.png",
          "serve_pool_timeline.png")
@@ -98,7 +98,7 @@ def footer_text(result: dict) -> str:
         detail += f"{', ' if detail else ''}{model['params']:,} params"
     if detail:
         parts.append(f"({detail})")
-    return f"{' '.join(parts)} on {machine_name(result.get('environment'))}"
+    return f"{' '.join(parts)} on {made_by(result.get('environment'))}"
 
 
 def _footer(fig, result: dict) -> None:

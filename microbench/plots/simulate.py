@@ -17,13 +17,14 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
-from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from microbench.plots.common import (
     PALETTE,
     check_kind,
+    made_by,
     md_table,
     new_figure,
+    plain_log,
     redraw_main,
     save,
     styled,
@@ -64,22 +65,7 @@ def _caption(fig, text: str) -> None:
     fig.text(0.01, 0.008, text, ha="left", va="bottom", **SMALL)
 
 
-def _plain_log(ax) -> None:
-    """Log axes labelled 30, 100, 300 rather than 3x10^1; on an axis shorter than a decade
-    also the minor ticks at 2, 3 and 5 x a power of ten (no crowding)."""
-    for axis, scale, (lo, hi) in ((ax.xaxis, ax.get_xscale(), ax.get_xlim()),
-                                  (ax.yaxis, ax.get_yscale(), ax.get_ylim())):
-        if scale != "log":
-            continue
-        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.6g}"))
-        span = hi / max(lo, 1e-300)
-        if span < 10:
-            lead = (2, 3, 4, 5, 6, 7, 8, 9) if span < 4 else (2, 3, 4, 5)
-            axis.set_minor_formatter(FuncFormatter(
-                lambda v, _, lead=lead: f"{v:,.3g}"
-                if round(v / 10 ** np.floor(np.log10(v))) in lead else ""))
-        else:
-            axis.set_minor_formatter(NullFormatter())
+_plain_log = plain_log  # log axes labelled 30, 100, 300 (common.plain_log)
 
 
 def _precision(a: dict) -> str:
@@ -168,21 +154,21 @@ def check_figure(result: dict):
     for ax, (key, name) in zip(axes, METRICS, strict=True):
         _check_panel(ax, check, key, name)
     models = check.get("models") or []
-    if models and axes[0].get_legend() is not None:
+    if models and axes[0].get_legend() is not None:  # beside the panels: it covers no run
         handles = [axes[0].plot([], [], "s", color=PALETTE[i % len(PALETTE)])[0]
                    for i in range(len(models))]
-        axes[0].add_artist(axes[0].get_legend())
-        axes[0].legend(handles, [m["model"] for m in models], loc="lower right", fontsize=9,
-                       title="model (filled: table,\nhollow: roofline)", title_fontsize=9)
+        fig.legend(handles, [m["model"] for m in models], loc="outside right upper",
+                   fontsize=9, title="model (filled: table,\nhollow: roofline)",
+                   title_fontsize=9, frameon=False)
     errors = check.get("errors") or {}
-    fig.suptitle("Simulator vs engine, mean latency per run (model x policy x rate): "
+    fig.suptitle("Simulator vs engine, mean latency per run (model x policy x rate):\n"
                  + check_claim(check), fontsize=14)
     c = check.get("check") or {}
     ee = errors.get("engine_vs_engine")
     floor = (f"engine noise floor (two runs of one trace, {ee['runs']} traces): "
              + ", ".join(f"{n} {pct(ee.get(k))}" for k, n in METRICS) if ee else
              "engine noise floor: not measured (one engine run per trace)")
-    _caption(fig, f"measured on {machine_name(result.get('environment'))}; roofline "
+    _caption(fig, f"measured on {made_by(result.get('environment'))}; roofline "
                   f"predictor from the roofs of {check.get('peaks_machine') or 'n/a'}; "
                   f"policies {', '.join(c.get('policies') or [])}, rates "
                   f"{', '.join(f'{f:g}' for f in c.get('rate_fractions') or [])} x capacity,"

@@ -22,6 +22,7 @@ from microbench.plots.common import (
     PALETTE,
     check_kind,
     fmt_si,
+    made_by,
     md_table,
     new_figure,
     num,
@@ -258,7 +259,7 @@ def _roofline_panel(ax, result: dict) -> None:
         hi_x = max(hi_x, ridge * 4)
         grid = np.geomspace(lo_x, hi_x, 200)
         ax.plot(grid, np.minimum(roofs["compute"], roofs["memory"] * grid), color="0.25",
-                lw=1.6, label=f"roofs from {roofs.get('source', '?')}: "
+                lw=1.6, label=f"roofs this run read from {roofs.get('source', '?')}: "
                               f"{fmt_si(roofs['compute'], 'FLOP/s')}, "
                               f"{fmt_si(roofs['memory'], 'B/s')}")
         ax.axvline(ridge, color="0.6", lw=1, ls=":")
@@ -344,6 +345,8 @@ def speculative_figure(result: dict):
                  f"{su.get('prompts', '?')} prompt(s) x {su.get('prompt_len', '?')} tokens, "
                  f"{su.get('new_tokens', '?')} new tokens, {su.get('rounds', '?')} round(s)",
                  fontsize=14)
+    fig.supxlabel(made_by(result.get("environment")), fontsize=9, ha="left", x=0.01,
+                  color="0.3")
     return fig
 
 

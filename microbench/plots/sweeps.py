@@ -22,13 +22,21 @@ from microbench.plots.claims import (
     fit_note,
     kv_claim,
     limit_of,
-    limit_runs,
     ratio_claim,
     throughput_claim,
     timing_of,
 )
-from microbench.plots.common import PALETTE, SUSPECT_COLOR, fmt_si, new_figure, styled
-from microbench.plots.points import Notes, in_sweep, phases_of, ridge_of
+from microbench.plots.common import (
+    PALETTE,
+    SUSPECT_COLOR,
+    fmt_si,
+    legend_beside,
+    legend_clear,
+    new_figure,
+    plain_log,
+    styled,
+)
+from microbench.plots.points import Notes, in_sweep, machine_line, phases_of, ridge_of
 
 # What bounds a modelled point: marker and legend text.
 LIMITS = {"compute": ("s", "compute-bound"),
@@ -36,6 +44,11 @@ LIMITS = {"compute": ("s", "compute-bound"),
           "KV cache": ("v", "memory-bound: KV-cache reads dominate"),
           "activations": ("d", "memory-bound: activation traffic dominates"),
           "memory": ("o", "memory-bound (weights vs KV not recorded)")}
+
+
+def _short(limit: str) -> str:
+    """LIMITS' words for a limit, short: 'weight reads', 'KV-cache reads', 'compute-bound'."""
+    return LIMITS[limit][1].removeprefix("memory-bound: ").removesuffix(" dominate")
 
 
 def _series(points: Sequence[dict], variant: str) -> list[dict]:
@@ -84,7 +97,6 @@ def batch_figure(results: Sequence[dict], title: str | None = None) -> Figure:
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("Batch (tokens decoded per step)")
-        ax.legend(frameon=False, fontsize=8.5)
     ax1.set_ylabel("Decode-FFN intensity (FLOP / byte)")
     ax2.set_ylabel("Time per decode-FFN step, all layers (ms)")
     ax3.set_ylabel("Achieved (FLOP / s)")
@@ -95,13 +107,16 @@ def batch_figure(results: Sequence[dict], title: str | None = None) -> Figure:
                                     for p in ps] for v, ps in by.items()}, r["flops_per_byte"])
              if r else "no ridge: no GEMM or main-memory roof in the file")
     ax2.set_title(textwrap.fill(ratio_claim("measured step time", {
-        v: [(p["batch"], p["timing"]["median"]) for p in ps] for v, ps in by.items()}), 70)
-        + "\n" + textwrap.fill(below, 70), fontsize=10)
+        v: [(p["batch"], p["timing"]["median"]) for p in ps] for v, ps in by.items()}), 80),
+        fontsize=10)
     ax3.set_title(ratio_claim("measured FLOP/s", {
         v: [(p["batch"], p["flops_per_s"]["median"]) for p in ps] for v, ps in by.items()}),
         fontsize=10)
-    fig.suptitle(title or f"Decode FFN vs batch on {result['machine']}", fontsize=14)
-    notes.footnote(fig)
+    fig.suptitle(title or f"Decode FFN vs batch on {result['machine']}\n{below}", fontsize=13)
+    notes.footnote(fig, machine_line(result, points))
+    for ax in (ax1, ax2, ax3):
+        plain_log(ax)
+        legend_clear(ax)
     return fig
 
 
@@ -125,9 +140,8 @@ def throughput_figure(results: Sequence[dict], title: str | None = None) -> Figu
                          textcoords="offset points")
             notes.mark(ax1, p, x, y)
     notes.legend(ax1)
-    ax1.set_title(f"Measured: '{result['model']['preset']}' on "
-                  f"{', '.join(r['machine'] for r in runs)}\n"
-                  + textwrap.fill(throughput_claim(steps), 80), fontsize=10)
+    ax1.set_title(textwrap.fill(f"Measured, '{result['model']['preset']}': "
+                                + throughput_claim(steps), 75), fontsize=10)
     rows = result["modelled"]["throughput"]
     for j, dev in enumerate(dict.fromkeys(r["device"] for r in rows)):
         rs, c = [r for r in rows if r["device"] == dev], PALETTE[j % len(PALETTE)]
@@ -146,19 +160,22 @@ def throughput_figure(results: Sequence[dict], title: str | None = None) -> Figu
         ax2.scatter([], [], marker="o", color="white", edgecolors="0.4",
                     label="hollow: weights + KV cache do not fit one device")
         batches = sorted({r["batch"] for r in rows})
-        ax2.set_title(f"Modelled: {rows[0]['preset']} bf16, context {rows[0]['context']}, "
-                      f"batch {batches[0]}..{batches[-1]}\n" + textwrap.fill(
-                          "what bounds each step: " + ", ".join(
-                              f"{LIMITS[lim][1]} {n}/{len(rows)}"
-                              for lim, n in seen.most_common()), 80), fontsize=10)
+        ax2.set_title(f"Modelled on paper: {rows[0]['preset']} bf16, context "
+                      f"{rows[0]['context']}, batch {batches[0]}..{batches[-1]}\nwhat bounds "
+                      "each step: " + ", ".join(f"{_short(lim)} {n}/{len(rows)}"
+                                                 for lim, n in seen.most_common()), fontsize=10)
     for ax in (ax1, ax2):
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("Interactivity (tokens / s per user)")
         ax.set_ylabel("Throughput (tokens / s per system)")
-        ax.legend(frameon=False, fontsize=8.5)
+        plain_log(ax)
+    ax1.legend(frameon=False, fontsize=8.5)
+    legend_beside(ax2)
     fig.suptitle(title or "Throughput vs interactivity across batch", fontsize=14)
-    notes.footnote(fig)
+    notes.footnote(fig, "; ".join(machine_line(r, [p for p in steps if p in r["points"]])
+                                  for r in runs) if len(runs) > 1 else
+                   "left: " + machine_line(result, steps))
     return fig
 
 
@@ -197,7 +214,7 @@ def crossover_figure(results: Sequence[dict], title: str | None = None) -> Figur
     notes.legend(ax1)
     ax1.set_title(f"Measured, batch {pts[0]['batch'] if pts else '?'}, "
                   f"'{result['model']['preset']}' on {result['machine']}\na crossing counts "
-                  "only where the p10-p90 ranges of attention and FFN are apart", fontsize=9.5)
+                  "only where the p10-p90 ranges of attention and FFN are apart", fontsize=10)
     ax1.set_ylabel("Time per decode step, all layers (ms)")
     _modelled_crossover(ax2, result["modelled"]["crossover"])
     for ax in (ax1, ax2):
@@ -205,8 +222,9 @@ def crossover_figure(results: Sequence[dict], title: str | None = None) -> Figur
         ax.set_yscale("log")
         ax.set_xlabel("Context (cached tokens per sequence)")
         ax.legend(frameon=False, fontsize=8)
+        plain_log(ax)
     fig.suptitle(title or "When does attention overtake the FFN in decode?", fontsize=14)
-    notes.footnote(fig)
+    notes.footnote(fig, "left: " + machine_line(result, pts) + "; right: on paper")
     return fig
 
 
@@ -215,7 +233,9 @@ def _modelled_crossover(ax, rows: list[dict]) -> None:
         return
     ctx = [r["context"] for r in rows]
     ax.plot(ctx, [r["attention_s"] * 1e3 for r in rows], "-", color=PALETTE[0])
-    ax.plot(ctx, [r["ffn_s"] * 1e3 for r in rows], "--", color="0.3", label="decode FFN")
+    ffn_lim = _short(limit_of(rows[0].get("ffn_bound"), rows[0].get("ffn_memory_by")))
+    ax.plot(ctx, [r["ffn_s"] * 1e3 for r in rows], "--", color="0.3",
+            label=f"decode FFN ({ffn_lim})")
     lims = [limit_of(r.get("attention_bound"), r.get("attention_memory_by")) for r in rows]
     for lim in dict.fromkeys(lims):
         xs = [(r["context"], r["attention_s"] * 1e3) for r, k in zip(rows, lims, strict=True)
@@ -226,13 +246,10 @@ def _modelled_crossover(ax, rows: list[dict]) -> None:
                            timing_of(rows[0]["ffn_s"]))
     if d["kind"] == "crossing":
         ax.axvline(d["context"], color=SUSPECT_COLOR, ls=":", label=d["label"])
-    ffn_lim = LIMITS[limit_of(rows[0].get("ffn_bound"), rows[0].get("ffn_memory_by"))][1]
     note = fit_note(rows[0])
-    claim = (f"attention vs FFN: {d['label']}. Attention: "
-             f"{limit_runs(ctx, [LIMITS[k][1] for k in lims])}; FFN: {ffn_lim}")
-    ax.set_title(f"Modelled: {rows[0]['preset']} bf16 on {rows[0]['device']}, batch "
-                 f"{rows[0]['batch']}" + (f" ({note})" if note else "") + "\n"
-                 + textwrap.fill(claim, 80), fontsize=9.5)
+    ax.set_title(f"Modelled on paper: {rows[0]['preset']} bf16 on {rows[0]['device']}, batch "
+                 f"{rows[0]['batch']}" + (f" ({note})" if note else "") + "\nattention vs "
+                 f"FFN: {d['label']}", fontsize=10)
     ax.set_ylabel("Roofline time per decode step (ms)")
 
 
@@ -264,6 +281,9 @@ def kv_figure(results: Sequence[dict], title: str | None = None) -> Figure:
         ax.set_title(f"At {last:,} tokens: {fmt_si(lo['kv_bytes'], 'B')} ({lo['preset']}) to "
                      f"{fmt_si(hi['kv_bytes'], 'B')} ({hi['preset']}) per sequence; flat "
                      f"past their window: {', '.join(flat) or 'none'}", fontsize=10)
-    fig.suptitle(title or "KV-cache bytes vs context for real architectures", fontsize=14)
-    ax.legend(frameon=False, fontsize=8.5)
+    fig.suptitle(title or "KV-cache bytes vs context for real architectures (on paper: counted "
+                 "from each config)", fontsize=14)
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, [textwrap.fill(label, 75) for label in labels],
+               loc="outside lower center", ncol=2, frameon=False, fontsize=8.5)
     return fig

@@ -1,0 +1,117 @@
+"""The README's results table: one row per study, read from its saved result in `figures/data`.
+
+Each row names the machine, date and backend that made it, from the result file's own
+environment block (a study measured on another machine says so in its row), so the table can
+hold results from more than one machine without mixing them. `python -m
+microbench.plots.results [DATA_DIR]` prints it; tests/test_readme.py checks the README holds
+exactly this text between its `results:start` and `results:end` markers.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from microbench import hardware
+from microbench.roofline import BAND
+
+HEADER = ("| study | what this machine showed | machine | date | backend |\n"
+          "|---|---|---|---|---|")
+
+
+def machine(env: dict) -> str:
+    """'AMD EPYC, family 25 model 17 (Zen 4 (Genoa)), 2 cores' from an environment block."""
+    cpu = env.get("cpu_id") or {}
+    flags = env.get("isa_flags") if isinstance(env.get("isa_flags"), dict) else None
+    arch = hardware.microarchitecture(cpu, flags) if cpu else None
+    where = f", family {cpu['family']} model {cpu['model']}" if cpu else ""
+    name = f" ({arch['name']})" if arch else ""
+    return f"{env.get('cpu_model', '?')}{where}{name}, {env.get('cpu_count', '?')} cores"
+
+
+def _env_cells(env: dict, backend: str | None = None) -> str:
+    jax_backend = env.get("backend", "?")
+    which = f"{jax_backend}, {backend}" if backend else jax_backend
+    return f"{machine(env)} | {env.get('date_utc', '?')[:10]} | {which}"
+
+
+def _peaks(d: dict) -> str:
+    roofs = d["main_roofs"]
+    gemm, read = roofs["gemm_float32"]["value"], roofs["main_read"]["value"]
+    return (f"float32 GEMM {gemm / 1e9:.0f} GFLOP/s, main-memory read {read / 1e9:.1f} GB/s: "
+            f"ridge point {gemm / read:.1f} FLOP/byte")
+
+
+def _phases(d: dict) -> str:
+    points, rep = d["points"], d["report"]
+    held = sum(BAND[0] <= p["measured_over_predicted"] <= BAND[1] for p in points)
+    prefill = min(rep["prefill_over_gemm"]) if isinstance(rep["prefill_over_gemm"], list) \
+        else rep["prefill_over_gemm"]
+    return (f"{held} of {len(points)} phase points within [{BAND[0]}, {BAND[1]}] of their "
+            f"predicted time; batch-1 decode at {rep['decode_over_dram']:.2f} of the memory "
+            f"roof, prefill at {prefill:.2f} or more of the GEMM roof")
+
+
+def _decode(d: dict) -> str:
+    one = {r["program"]: r for r in d["table"] if r["batch"] == 1}
+    best = max(one.values(), key=lambda r: r.get("over_llama.cpp") or 0)
+    return (f"batch-1 decode of llama-309m: {best['program']} at "
+            f"{best['over_llama.cpp']:.2f}x llama.cpp's speed and {best['over_read']:.2f} of "
+            f"the C read; xla at {one['xla']['over_llama.cpp']:.2f}x")
+
+
+def _serve(d: dict) -> str:
+    return (f"the engine's decode step through its pages at "
+            f"{d['claims']['decode_engine_over_phases']:.2f}x the contiguous step's tokens/s")
+
+
+def _simulate(d: dict) -> str:
+    err = d["check"]["errors"]
+    return (f"simulator vs engine, TPOT error {err['table']['tpot_s']:.0%} (measured table) and "
+            f"{err['roofline']['tpot_s']:.0%} (roofline), against the engine's own run-to-run "
+            f"{err['engine_vs_engine']['tpot_s']:.0%}")
+
+
+def _speculative(d: dict) -> str:
+    best = max(d["runs"], key=lambda r: r["speedup"])
+    drafter = "prompt lookup" if best["drafter"] == "lookup" else f"a {best['drafter']} draft"
+    return f"best measured speedup {best['speedup']:.2f}x ({drafter}, k = {best['k']})"
+
+
+def _collectives(d: dict) -> str:
+    best = max((r for r in d["results"] if r["collective"] == "all_reduce"),
+               key=lambda r: r["busbw"]["median"])
+    return (f"all_reduce on {d['devices']['count']} emulated devices (threads of one process) "
+            f"peaks at "
+            f"{best['busbw']['median'] / 1e9:.2f} GB/s bus bandwidth: a memory copy, not a link")
+
+
+STUDIES = (  # (result file, row name, headline)
+    ("peaks", "roofs (`microbench peaks`)", _peaks),
+    ("phases", "phases (`microbench phases`)", _phases),
+    ("decode", "decode race (`microbench decode`)", _decode),
+    ("serve", "serving (`microbench serve`)", _serve),
+    ("simulate", "simulator (`microbench simulate`)", _simulate),
+    ("speculative", "speculative (`microbench speculative`)", _speculative),
+    ("collectives", "collectives (`microbench collectives`)", _collectives),
+)
+
+
+def table(data: Path) -> str:
+    """The markdown table of every study whose result is in `data`."""
+    lines = [HEADER]
+    for name, label, headline in STUDIES:
+        path = Path(data) / f"{name}.json"
+        if not path.exists():
+            continue
+        d = json.loads(path.read_text())
+        backends = sorted({p.get("backend", "xla") for p in d.get("points", [])})
+        backend = d.get("report", {}).get("backend") or ", ".join(backends) or None
+        env = _env_cells(d.get("environment") or {}, backend)
+        lines.append(f"| {label} | {headline(d)} | {env} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(table(Path(sys.argv[1] if len(sys.argv) > 1 else "figures/data")), end="")
