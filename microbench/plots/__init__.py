@@ -22,6 +22,7 @@ Modules, each importing only those before it (no cycle):
     parallel.py     parallel_tp.png, parallel_ep.png and parallel.md (parallel.json)
     decode.py       decode.png and decode.md (decode.json: the decode race)
     summary.py      summary.md and the speed report's lines (peaks.json, phases.json)
+    results.py      the README's results table, one row per study (every result file)
     saved.py        which module draws each study's result; `redraw_all` is what `python -m
                     microbench figures` draws, `draw_study` what a study command ends in
 

@@ -55,6 +55,31 @@ def _series(points: Sequence[dict], variant: str) -> list[dict]:
     return sorted((p for p in points if p["variant"] == variant), key=lambda p: p["batch"])
 
 
+def _batch_series(axes, ps: list[dict], v: str, c, notes) -> None:
+    """One variant's decode-FFN points across batch: intensity, step time and FLOP/s,
+    measured (solid) and predicted (dashed; hollow o / s: memory- / compute-bound)."""
+    ax1, ax2, ax3 = axes
+    b = [p["batch"] for p in ps]
+    ax1.plot(b, [p["intensity"] for p in ps], "o-", color=c, label=v)
+    t = [p["timing"]["median"] * 1e3 for p in ps]
+    err = [[x - p["timing"]["p10"] * 1e3 for x, p in zip(t, ps, strict=True)],
+           [p["timing"]["p90"] * 1e3 - x for x, p in zip(t, ps, strict=True)]]
+    ax2.errorbar(b, t, yerr=err, fmt="o-", color=c, capsize=3, label=f"{v}: measured")
+    ax3.plot(b, [p["flops_per_s"]["median"] for p in ps], "o-", color=c, label=f"{v}: measured")
+    for p, x, y2 in zip(ps, b, t, strict=True):
+        notes.mark(ax2, p, x, y2)
+        notes.mark(ax3, p, x, p["flops_per_s"]["median"])
+    pred = [p["predicted"] for p in ps if p.get("predicted")]
+    if len(pred) == len(ps):
+        ax2.plot(b, [q["time_s"] * 1e3 for q in pred], "--", color=c,
+                 label=f"{v}: roofline prediction")
+        ax3.plot(b, [q["flops_per_s"] for q in pred], "--", color=c,
+                 label=f"{v}: roofline prediction")
+        for x, q in zip(b, pred, strict=True):
+            ax2.scatter([x], [q["time_s"] * 1e3], marker="s" if q["bound"] == "compute"
+                        else "o", s=45, facecolors="white", edgecolors=c, zorder=4)
+
+
 @styled
 def batch_figure(results: Sequence[dict], title: str | None = None) -> Figure:
     """Decode FFN vs batch, dense and MoE: intensity, step time and achieved FLOP/s."""
@@ -67,27 +92,7 @@ def batch_figure(results: Sequence[dict], title: str | None = None) -> Figure:
     r, notes = ridge_of(result, level), Notes()
     variants = list(dict.fromkeys(p["variant"] for p in points))
     for j, v in enumerate(variants):
-        ps, c = _series(points, v), PALETTE[j % len(PALETTE)]
-        b = [p["batch"] for p in ps]
-        ax1.plot(b, [p["intensity"] for p in ps], "o-", color=c, label=v)
-        t = [p["timing"]["median"] * 1e3 for p in ps]
-        err = [[x - p["timing"]["p10"] * 1e3 for x, p in zip(t, ps, strict=True)],
-               [p["timing"]["p90"] * 1e3 - x for x, p in zip(t, ps, strict=True)]]
-        ax2.errorbar(b, t, yerr=err, fmt="o-", color=c, capsize=3, label=f"{v}: measured")
-        ax3.plot(b, [p["flops_per_s"]["median"] for p in ps], "o-", color=c,
-                 label=f"{v}: measured")
-        for p, x, y2 in zip(ps, b, t, strict=True):
-            notes.mark(ax2, p, x, y2)
-            notes.mark(ax3, p, x, p["flops_per_s"]["median"])
-        pred = [p["predicted"] for p in ps if p.get("predicted")]
-        if len(pred) == len(ps):
-            ax2.plot(b, [q["time_s"] * 1e3 for q in pred], "--", color=c,
-                     label=f"{v}: roofline prediction")
-            ax3.plot(b, [q["flops_per_s"] for q in pred], "--", color=c,
-                     label=f"{v}: roofline prediction")
-            for x, q in zip(b, pred, strict=True):
-                ax2.scatter([x], [q["time_s"] * 1e3], marker="s" if q["bound"] == "compute"
-                            else "o", s=45, facecolors="white", edgecolors=c, zorder=4)
+        _batch_series((ax1, ax2, ax3), _series(points, v), v, PALETTE[j % len(PALETTE)], notes)
     ax2.scatter([], [], marker="o", s=45, facecolors="white", edgecolors="0.3",
                 label="hollow o / s: predicted memory- / compute-bound")
     if r:
