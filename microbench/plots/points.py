@@ -302,9 +302,13 @@ def _point_text(p: dict, compute: dict, memory: dict) -> str:
                              memory["value"])
     what = (f"prefill of {p['context']:,} tokens" if p["phase"] == "prefill"
             else f"{PHASE_WORDS[p['phase']]} at context {p['context']:,}")
+    # the drawn roofs are the rounds' medians; a point is predicted at its own moment's roofs
+    # (the drift probe), so its measured / predicted says where it sat on those
+    mop = p.get("measured_over_predicted")
+    moment = f"\n{mop:.2f}x its prediction at its moment's roofs" if mop else ""
     return (f"{what}: {p['timing']['median'] * 1e3:.3g} ms\n"
             f"{fmt_si(p['flops_per_s']['median'], 'FLOP/s')} at {p['intensity']:.2g} FLOP/B "
-            f"= {share:.0%} of the {roof} roof")
+            f"= {share:.0%} of the {roof} roof{moment}")
 
 
 def _headline_runs(results: Sequence[dict]) -> list[tuple]:
