@@ -157,8 +157,12 @@ class GroupedQueryAttention(AttentionLayer):
     def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
         """Softmax attention with this layer's options (scale, soft-cap, sinks): q [B, T, K,
         G, H] over k, v [B, K, S, H] where mask [T, S] or [B, T, S] -> [B, T, K, G, H]."""
-        sinks = self.sinks[...].reshape(self.K, -1) if self.cfg.attn_sinks else None  # [K, G]
-        return attend(q, k, v, mask, self.cfg.softmax_scale, self.cfg.attn_softcap, sinks)
+        return attend(q, k, v, mask, self.cfg.softmax_scale, self.cfg.attn_softcap,
+                      self.sink_logits())
+
+    def sink_logits(self) -> jax.Array | None:
+        """The learned sink logit of each query head as [K, G], or None without sinks."""
+        return self.sinks[...].reshape(self.K, -1) if self.cfg.attn_sinks else None
 
     @ops.op("gqa.attend_within")
     def attend_within(self, q: jax.Array, k: jax.Array, v: jax.Array,

@@ -59,6 +59,5 @@ def use(model: nnx.Module, backend: str = "native") -> nnx.Module:
     for _, module in nnx.iter_modules(new):
         if hasattr(module, "cfg"):
             module.cfg = cfg
-    if backend in ("native", "output-major"):
-        native.convert(new, native=backend == "native")
+    ops.prepare(new)  # stored as the backend multiplies them
     return new

@@ -103,13 +103,10 @@ def attend_summed(q, k, v, mask, scale, softcap=None, sinks=None):
         return jnp.sum(pv, axis=3).astype(jnp.result_type(p, v))[:, None]  # [1, 1, K, G, U]
 
 
-def _sinks(layer):
-    return layer.sinks[...].reshape(layer.K, -1) if layer.cfg.attn_sinks else None  # [K, G]
-
-
 @ops.implements("gqa.attend", "xla")
 def gqa_attend(layer, q, k, v, mask):
-    return attend(q, k, v, mask, layer.cfg.softmax_scale, layer.cfg.attn_softcap, _sinks(layer))
+    return attend(q, k, v, mask, layer.cfg.softmax_scale, layer.cfg.attn_softcap,
+                  layer.sink_logits())
 
 
 @ops.implements("gqa.attend_cache", "xla")
@@ -118,7 +115,7 @@ def gqa_attend_cache(layer, q, cache, positions):
     k_pos = jnp.arange(cache.k.shape[2], dtype=jnp.int32)
     k, v = cache_read(cache.k, q.dtype), cache_read(cache.v, q.dtype)
     return attend(q, k, v, causal_mask(positions, k_pos), layer.cfg.softmax_scale,
-                  layer.cfg.attn_softcap, _sinks(layer), written=True)
+                  layer.cfg.attn_softcap, layer.sink_logits(), written=True)
 
 
 @ops.implements("sliding.attend_ring", "xla")
@@ -127,7 +124,7 @@ def sliding_attend_ring(layer, q, cache, positions):
     k, v = cache_read(cache.k, q.dtype), cache_read(cache.v, q.dtype)  # [B, K, W, H]
     mask = causal_mask(positions, cache.pos, layer.cfg.window)  # [B, 1, W]
     return attend(q, k, v, mask, layer.cfg.softmax_scale, layer.cfg.attn_softcap,
-                  _sinks(layer), written=True)
+                  layer.sink_logits(), written=True)
 
 
 @ops.implements("mla.naive", "xla")
