@@ -34,9 +34,9 @@ OUT = nbcache.OUT
 SRC = OUT / "src"  # the staged sources: the repository's layout, so relative links resolve
 HTML = OUT / "html"
 AS_IS = ("index.md", "method.md", "reading_order.md", "_config.yml", "offline.py", "favicon.svg")
-# A results page per figures/<study>.md; its figures are figures/<study>.png and
-# figures/<study>_*.png, and the summary of the roofs and phases (summary.md) takes the
-# figures no other study claims. Titles for the summaries that have no heading of their own.
+# A results page per figures/<machine>/<study>.md; its figures are <study>.png and
+# <study>_*.png of the same folder, and the summary of the roofs and phases (summary.md) takes
+# the figures no other study claims. Titles for the summaries that have no heading of their own.
 TITLES = {"summary": "Roofs and phases", "decode": "The decode race", "serve": "Serving",
           "simulate": "Serving at scale", "speculative": "Speculative decoding",
           "quant": "Quantization", "parallel": "Parallelism", "collectives": "Collectives"}
@@ -96,11 +96,18 @@ def figure_order() -> list[str]:
     return [f"{name}.png" for name in drawn]
 
 
-def study_figures() -> dict[str, list[str]]:
-    """figures/<study>.md -> the PNGs it summarises (every PNG on exactly one page), the roofs
-    and phases (summary.md) first."""
-    studies = sorted((p.stem for p in FIGURES.glob("*.md")), key=lambda s: (s != "summary", s))
-    pngs = sorted(p.name for p in FIGURES.glob("*.png"))
+def machine_folders() -> list[str]:
+    """The machines whose figures are committed: figures/<machine>/ beside figures/data/."""
+    return sorted(p.name for p in FIGURES.iterdir() if p.is_dir() and p.name != "data"
+                  and any(p.glob("*.md")))
+
+
+def study_figures(machine: str) -> dict[str, list[str]]:
+    """figures/<machine>/<study>.md -> the PNGs it summarises (every PNG on exactly one page),
+    the roofs and phases (summary.md) first."""
+    folder = FIGURES / machine
+    studies = sorted((p.stem for p in folder.glob("*.md")), key=lambda s: (s != "summary", s))
+    pngs = sorted(p.name for p in folder.glob("*.png"))
     owned = {s: [p for p in pngs if p == f"{s}.png" or p.startswith(f"{s}_")] for s in studies}
     claimed = {p for ps in owned.values() for p in ps}
     if "summary" in owned:
@@ -111,29 +118,32 @@ def study_figures() -> dict[str, list[str]]:
     return owned
 
 
-def results_page(study: str, pngs: list[str]) -> str:
-    """A page with a short title, the study's figures, then figures/<study>.md included, its
-    own headings one level down."""
-    text = (FIGURES / f"{study}.md").read_text(encoding="utf-8")
+def results_page(machine: str, study: str, pngs: list[str]) -> str:
+    """A page with a short title, the study's figures, then figures/<machine>/<study>.md
+    included, its own headings one level down."""
+    where = f"figures/{machine}"
+    text = (FIGURES / machine / f"{study}.md").read_text(encoding="utf-8")
     has_title = text.startswith("# ")
     title = TITLES.get(study) or (text.splitlines()[0][2:] if has_title else study.capitalize())
-    figures = "".join(f"```{{figure}} ../figures/{p}\n:alt: {p}\n:width: 100%\n\n"
-                      f"`figures/{p}`\n```\n\n" for p in pngs)
-    return (f"# {title}\n\n*The committed run's summary, `figures/{study}.md`, and its "
-            f"figures; `python -m microbench figures` redraws them from `figures/data/`.*\n\n"
-            f"{figures}```{{include}} ../figures/{study}.md\n"
+    figures = "".join(f"```{{figure}} ../../{where}/{p}\n:alt: {p}\n:width: 100%\n\n"
+                      f"`{where}/{p}`\n```\n\n" for p in pngs)
+    return (f"# {title}\n\n*The committed run's summary, `{where}/{study}.md`, and its "
+            f"figures; `python -m microbench figures` redraws them from "
+            f"`figures/data/{machine}/`.*\n\n"
+            f"{figures}```{{include}} ../../{where}/{study}.md\n"
             + (":heading-offset: 1\n" if has_title else "") + "```\n")
 
 
-def results_index(owned: dict[str, list[str]]) -> str:
-    rows = "".join(f"- [{TITLES.get(s, s.capitalize())}]({s}.md): `figures/{s}.md`, "
-                   f"{len(ps)} figure{'s' * (len(ps) != 1)}\n" for s, ps in owned.items())
+def results_index(owned: dict[str, dict[str, list[str]]]) -> str:
+    rows = "".join(f"- [{TITLES.get(s, s.capitalize())}]({m}/{s}.md): `figures/{m}/{s}.md`, "
+                   f"{len(ps)} figure{'s' * (len(ps) != 1)}\n"
+                   for m, studies in owned.items() for s, ps in studies.items())
     return ("# Results on the reference machines\n\n"
-            "What the committed runs in `figures/data/` showed, each on the machine it names "
-            "(the README's table, included as it is):\n\n"
+            "What the committed runs in `figures/data/<machine>/` showed, each on the machine "
+            "it names (the README's table, included as it is):\n\n"
             "```{include} ../README.md\n:start-after: <!-- results:start -->\n"
             ":end-before: <!-- results:end -->\n```\n\n"
-            f"One page per study, its summary and its figures:\n\n{rows}")
+            f"One page per study and machine, its summary and its figures:\n\n{rows}")
 
 
 def toc(names: list[str], studies: list[str]) -> str:
@@ -150,10 +160,11 @@ def toc(names: list[str], studies: list[str]) -> str:
 
 def link_fixes(text: str) -> str:
     """Links in a notebook's markdown, as written for the repository, made right in the book:
-    a notebook's text twin (NN_name.py) is its page, a figures/<study>.md its results page."""
+    a notebook's text twin (NN_name.py) is its page, a figures/<machine>/<study>.md its results
+    page."""
     text = re.sub(r"\]\((\d\d_[A-Za-z0-9_]+)\.py(#[^)]*)?\)", r"](\1.ipynb\2)", text)
-    return re.sub(r"\]\(\.\./figures/([A-Za-z0-9_]+)\.md(#[^)]*)?\)", r"](../results/\1.md\2)",
-                  text)
+    return re.sub(r"\]\(\.\./figures/([A-Za-z0-9_.-]+)/([A-Za-z0-9_]+)\.md(#[^)]*)?\)",
+                  r"](../results/\1/\2.md\3)", text)
 
 
 def merged(name: str, path: Path):
@@ -209,13 +220,15 @@ def stage(run_mode: str, copies: dict[str, Path]) -> None:
     put("_this_build.md", this_build(run_mode, copies))
     for name, path in copies.items():
         put(f"notebooks/{name}.ipynb", nbformat.writes(merged(name, path)) + "\n")
-    owned = study_figures()
-    for f in sorted(FIGURES.glob("*.png")) + sorted(FIGURES.glob("*.md")):
-        put(f"figures/{f.name}", f.read_bytes())
-    for study, pngs in owned.items():
-        put(f"results/{study}.md", results_page(study, pngs))
+    owned = {m: study_figures(m) for m in machine_folders()}
+    for machine in owned:
+        folder = FIGURES / machine
+        for f in sorted(folder.glob("*.png")) + sorted(folder.glob("*.md")):
+            put(f"figures/{machine}/{f.name}", f.read_bytes())
+        for study, pngs in owned[machine].items():
+            put(f"results/{machine}/{study}.md", results_page(machine, study, pngs))
     put("results/index.md", results_index(owned))
-    put("_toc.yml", toc(list(copies), list(owned)))
+    put("_toc.yml", toc(list(copies), [f"{m}/{s}" for m in owned for s in owned[m]]))
     for path in sorted(SRC.rglob("*"), reverse=True):  # files first, then emptied folders
         if path.is_file() and path not in wanted:
             path.unlink()

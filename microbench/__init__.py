@@ -15,7 +15,9 @@ Where things are (each subpackage's __init__ lists its files):
 The shared core beside them: harness.py (how everything is timed, the environment block),
 files.py (atomic writers, a run's files as one set, JSON read with limits), schema.py (the
 result files), roofline.py (the one owner of roofline arithmetic, no JAX), hardware.py (vendor
-and theoretical ceilings), sysinfo.py (what the OS says), blas.py (one BLAS thread), cli.py.
+and theoretical ceilings), machines.py (which machine made a result: its name, its folder
+figures/data/<machine>/, one machine per figure), sysinfo.py (what the OS says), blas.py (one
+BLAS thread), cli.py.
 
 Reading order: harness.py, roofline.py, roofs/peaks.py, phases/points.py, plots/, then a study.
 Method: the README's method section, after the Empirical Roofline Toolkit, STREAM/BabelStream

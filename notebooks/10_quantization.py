@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -36,7 +38,6 @@ import json
 import os
 import statistics
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +46,7 @@ from flax import nnx
 from IPython.display import display
 from matplotlib.figure import Figure
 
-from microbench import hardware, roofline
+from microbench import hardware, machines, roofline
 from refmodel import costs, presets, quant
 from refmodel.counting import BYTES, Dtypes
 from refmodel.training import bits_per_byte, recipes, trained
@@ -57,8 +58,7 @@ K_BENCH = 2048  # step 3's square weight, K_BENCH inputs and outputs: 16 MB in f
 ROUNDS, REPEATS = (5, 5) if QUICK else (9, 9)  # interleaved timing rounds, calls per round
 SPEC_GPU, CONTEXT = "H100 SXM", 1024  # the spec device (steps 1, 4), step 1's context
 FORMATS = ("float32", "bfloat16", "int8", "float8", "int4")
-DATA = Path("..") / "figures" / "data" if Path.cwd().name == "notebooks" else \
-    Path("figures") / "data"
+DATA = machines.data_folder("quant")  # figures/data/<machine>/: one machine's runs
 print(f"quality model {RECIPE!r}", "| quick" if QUICK else "| full")
 
 
@@ -127,7 +127,7 @@ print("* the format the release ships")
 # CHECK: the counted bytes per parameter (the embedding table, kept in bfloat16, left out)
 # are the format's, scales included: int8 and float8 a hair over 1 byte, int4 5 bits
 # (0.5 + 4/32 bytes); every batch-1 step is memory-bound with intensity about 2/s, so its
-# time scales with the bytes.
+# time is its bytes over the bandwidth: int4's under 0.36 of bfloat16's.
 for name in ("llama3-8b", "deepseek-v3"):
     by = {r["fmt"]: r for r in rows1 if r["model"] == name}
     cfg = presets.get(name)
@@ -139,8 +139,6 @@ for name in ("llama3-8b", "deepseek-v3"):
     for fmt, r in by.items():
         assert r["bound"] == "memory", (name, fmt)
         assert 0.8 * 2 / BYTES[fmt] <= r["intensity"] <= 1.25 * 2 / BYTES[fmt], (name, fmt)
-    np.testing.assert_allclose(by["int8"]["time_s"] / by["bfloat16"]["time_s"],
-                               by["int8"]["bytes"] / by["bfloat16"]["bytes"], rtol=1e-9)
     assert by["int4"]["time_s"] < 0.36 * by["bfloat16"]["time_s"], name
 print("bytes per parameter as counted; every batch-1 decode memory-bound: time ~ bytes")
 
@@ -308,16 +306,32 @@ for _ in range(ROUNDS):  # every case once per round: drift hits all alike
         secs[name].append(best_of(fn, args, REPEATS))
 print(f"x [1, {K_BENCH}] @ w [{K_BENCH}, {K_BENCH}], median of {ROUNDS} interleaved rounds")
 print(f"{'':>22} {'MB':>6} {'ms':>7} {'GB/s':>6} {'vs float32':>10}")
+vs_f32 = {}
 for name, (_, _, nbytes) in CASES.items():
     t = statistics.median(secs[name])
-    ratio = statistics.median(a / b for a, b in zip(secs["float32 dot"], secs[name],
-                                                       strict=True))
+    vs_f32[name] = statistics.median(a / b for a, b in zip(secs["float32 dot"], secs[name],
+                                                              strict=True))
     print(f"{name:>22} {nbytes / 1e6:6.2f} {1e3 * t:7.2f} {nbytes / t / 1e9:6.1f} "
-          f"{ratio:9.2f}x")
+          f"{vs_f32[name]:9.2f}x")
+for name in ("int4 quant.matmul", "float8 quant.matmul"):
+    fewer = CASES["float32 dot"][2] / CASES[name][2]
+    print(f"{name}: {fewer:.1f}x fewer bytes than float32, "
+          f"{'faster' if vs_f32[name] > 1 else 'slower'} ({vs_f32[name]:.2f}x its speed)")
 
 # %%
-# CHECK (correctness only: timings are noisy): each quantized product is the product with
-# the dequantized weight, and close to the float one within its format's error.
+def check_streaming_beats_dequantize(streamed_s, dequantize_s):
+    """CHECK (fails on a wrong measurement): the int8 product that streams the int8 values
+    (quant.matmul) is faster than dequantize-then-dot, which writes and reads back a whole
+    float32 weight (each: per-round times, compared as the median of the per-round ratios)."""
+    ratio = sorted(d / s for s, d in zip(streamed_s, dequantize_s, strict=True))
+    median = ratio[len(ratio) // 2]
+    assert median > 1.0, (f"dequantize-then-dot ran {median:.2f}x the streamed product's "
+                          "time: not slower")
+
+
+check_streaming_beats_dequantize(secs["int8 quant.matmul"], secs["int8 dequantize, dot"])
+# Correctness: each quantized product is the product with the dequantized weight, and close to
+# the float one within its format's error.
 ref = outs["float32 dot"]
 TOLERANCE = {"int8": 0.02, "float8": 0.1, "int4": 0.2}  # max |error| / max |x @ w|
 for name, fmt in (("int8 quant.matmul", "int8"), ("int8 dequantize, dot", "int8"),
@@ -332,12 +346,13 @@ print("every formulation computes x @ dequantize(w)")
 # At a large weight (`python -m microbench quant` times a [4096, 4096] one; figures/quant.md)
 # every int8 product written as a dot (dequantize then dot, a dot with
 # `preferred_element_type`, an int8 x int8 -> int32 dot) is several times **slower** than the
-# float32 GEMV it was meant to beat. Only the fused multiply-and-reduce reads
-# the int8 values without first writing a float copy; whether it then beats float32 depends on
-# the machine and the size (the ratio above is this machine's). int4 and float8 need
-# per-element work before the multiply (shift and sign-extend two nibbles; convert e4m3 to
-# float32) that XLA:CPU does not vectorize: above they read 4 to 6 times fewer bytes than
-# float32 and still take longer. GPU engines ship hand-written kernels for exactly this
+# float32 GEMV it was meant to beat (the saved numbers, printed and checked below). Only the
+# fused multiply-and-reduce reads the int8 values without first writing a float copy; whether
+# it then beats float32 depends on the machine and the size (the ratio above is this
+# machine's). int4 and float8 need per-element work before the multiply (shift and
+# sign-extend two nibbles; convert e4m3 to float32) that XLA:CPU does not vectorize: they read
+# 4 to 6 times fewer bytes than float32, and the lines under step 3's table say whether they
+# still took longer here. GPU engines ship hand-written kernels for exactly this
 # (Marlin and Machete for int4, the FP8 GEMMs of cuBLASLt): the bytes of step 1 are what
 # such a kernel can reach, not what a naive one gets. The benchmark's saved numbers, if
 # present (all formulations at 1 and 8 rows; whole decode and prefill steps per precision):
@@ -363,6 +378,26 @@ else:
         print(f"{r['precision']:>10} {r['phase']:>8} {r['batch']:>5} {r['context']:>7} "
               f"{r['kv_format']:>6} {1e3 * r['seconds']:8.2f} {r['bytes'] / 1e6:7.1f} "
               f"{r['bytes_per_s'] / 1e9:6.1f} {r['speedup']:9.2f}x")
+
+
+def check_dots_slower(speedups, at_most):
+    """CHECK (fails on a wrong measurement): every int8 product written as a dot ({name:
+    float32 time / its time} at one row) is several times slower than the float32 GEMV: its
+    speedup at most `at_most`."""
+    for name, v in speedups.items():
+        assert v <= at_most, f"{name}: {v:.2f}x float32's speed, not {1 / at_most:.0f}x slower"
+
+
+if saved is not None:
+    one = [r for r in saved["formulations"]["results"] if r["rows"] == 1]
+    f32 = next(r for r in one if r["name"] == "float32 dot")
+    dots = {r["name"]: r for r in one if r["format"] == "int8" and "dot" in r["name"]}
+    ms = [1e3 * r["seconds"] for r in dots.values()]
+    print(f"\nint8 written as a dot, 1 row: {min(ms):.1f}-{max(ms):.1f} ms against the float32 "
+          f"GEMV's {1e3 * f32['seconds']:.2f} ms, "
+          f"{min(f32['seconds'] / r['seconds'] for r in dots.values()):.2f}-"
+          f"{max(f32['seconds'] / r['seconds'] for r in dots.values()):.2f}x its speed")
+    check_dots_slower({n: r["speedup"] for n, r in dots.items()}, 0.5)
 
 # %% [markdown]
 # ## Step 4 · The KV cache: capacity
@@ -453,14 +488,23 @@ for r in rows5:
           f"{r['kv_token']:10.0f} {r['bpb']:9.4f} {r['bpb'] - base:+8.4f}")
 
 # %%
-# CHECK: the quantized model's parameters occupy exactly the counted bytes; int8 weights,
-# float8 weights and an int8 or float8 cache cost under 0.05 bits per byte; int4 (4 bits, a
-# scale per 32) is no better than int8 beyond noise (0.005).
+def check_quality(bits_per_byte, base):
+    """CHECK (fails on a wrong measurement): int8 weights, float8 weights and an int8 or
+    float8 cache cost under 0.05 bits per byte against float32's `base` ({(weights, KV): bits
+    per byte}); int4 (4 bits, a scale per 32) is no better than int8 beyond noise (0.005)."""
+    for case in (("int8", "none"), ("float8", "none"), ("none", "int8"), ("none", "float8")):
+        assert abs(bits_per_byte[case] - base) < 0.05, (
+            f"{case}: {bits_per_byte[case]:.4f} bits/byte against float32's {base:.4f}")
+    assert bits_per_byte["int4", "none"] >= bits_per_byte["int8", "none"] - 0.005, (
+        f"int4 {bits_per_byte['int4', 'none']:.4f} beats int8 "
+        f"{bits_per_byte['int8', 'none']:.4f} bits/byte")
+
+
+# The quantized model's parameters occupy exactly the counted bytes (the arrays against the
+# cost model); then the measured quality.
 assert all(r["actual"] == r["stored"] for r in rows5), [(r["actual"], r["stored"]) for r in rows5]
 bpb = {(r["weights"], r["kv"]): r["bpb"] for r in rows5}
-for case in (("int8", "none"), ("float8", "none"), ("none", "int8"), ("none", "float8")):
-    assert abs(bpb[case] - base) < 0.05, (case, bpb[case], base)
-assert bpb["int4", "none"] >= bpb["int8", "none"] - 0.005, bpb
+check_quality(bpb, base)
 print("int8 / float8 within 0.05 bits/byte of float32; int4 no better than int8")
 
 # %%

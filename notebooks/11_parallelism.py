@@ -45,7 +45,6 @@
 # %%
 # %matplotlib inline
 import json
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -53,6 +52,7 @@ from IPython.display import display
 from matplotlib.figure import Figure
 
 import refmodel
+from microbench import machines
 from microbench.studies.scale import chip_of, links_of
 from refmodel import costs, parallel, presets
 from refmodel.moe import MoE
@@ -68,8 +68,7 @@ SEED, B, PROMPT, NEW = 0, 4, 8, 4  # steps 2-4: batch, prompt length, tokens dec
 SPEC_GPU = "H100 SXM"  # step 6's chip; its scale-up link (NVLink 4) and scale-out link
 BIG, BIG_CONTEXT, BIG_BATCHES = "llama3-70b", 4096, (1, 64)
 EP, EP_TOKENS = 32, (1, 4, 16, 64, 256)  # step 6: DeepSeek-V3's expert degree, tokens/device
-DATA = Path("..") / "figures" / "data" if Path.cwd().name == "notebooks" else \
-    Path("figures") / "data"
+DATA = machines.data_folder("collectives")  # figures/data/<machine>/: one machine's runs
 rng = np.random.default_rng(SEED)
 
 # %% [markdown]
@@ -558,7 +557,10 @@ assert cross is not None and cross > EP_TOKENS[0]
 # second, comparable with one direction of a link). On this machine the devices are
 # emulated: the numbers are its memory copies and thread rendezvous, nowhere near a link's
 # spec (NVLink 4 is drawn for scale). They say how this lab's CPU runs the programs of
-# steps 2-4, not what a GPU interconnect does.
+# steps 2-4, not what a GPU interconnect does. Their shape is the one a real link's has,
+# though: a small message pays a fixed cost (here the threads' rendezvous, on a link its
+# latency) that its few bytes cannot amortise, so the bus bandwidth grows with the message
+# size until the copies' (the link's) bandwidth sets it.
 
 # %%
 measured = DATA / "collectives.json"
@@ -590,13 +592,28 @@ else:
           f"{nvlink.bandwidth / peak:.0f}x below {nvlink.name}'s spec")
 
 # %%
-# CHECK: every measured point was checked against numpy; emulated devices are labelled so,
-# and stay far below a real link.
+def check_latency_then_bandwidth(busbw_by_size):
+    """CHECK (fails on a wrong measurement): for each collective ({name: {bytes: median bus
+    bandwidth}}), the smallest message is latency-bound: its bus bandwidth is below a tenth of
+    the collective's best, reached at a larger message (a timer that stops before the
+    collective ends, or one that times only the launch, gives a flat or falling curve)."""
+    for name, by_size in busbw_by_size.items():
+        sizes = sorted(by_size)
+        best = max(sizes, key=by_size.get)
+        assert best > sizes[0] and by_size[sizes[0]] < by_size[best] / 10, (
+            f"{name}: {by_size[sizes[0]]:.3g} B/s at {sizes[0]} bytes against the best "
+            f"{by_size[best]:.3g} at {best}: no latency-bound small messages")
+
+
+# Every measured point was checked against numpy (correctness) and emulated devices are
+# labelled so; then the shape of the measured curves.
 if result is not None:
     assert all(r["checked"] for r in result["results"])
     if result["emulated"]:
         assert result["devices"]["backend"] == "cpu"
-        assert peak < nvlink.bandwidth / 10
+    check_latency_then_bandwidth({
+        name: {r["bytes"]: r["busbw"]["median"] for r in result["results"]
+               if r["collective"] == name} for name in result["collectives"]})
 
 # %% [markdown]
 # ## 8 · The same code on real devices

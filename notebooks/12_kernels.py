@@ -45,7 +45,6 @@ import json
 import os
 import statistics
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -55,7 +54,7 @@ from IPython.display import display
 from matplotlib.figure import Figure
 
 import refmodel
-from microbench import sysinfo
+from microbench import machines, sysinfo
 from microbench.roofs import native
 from microbench.roofs.peaks import main_array_bytes
 from microbench.roofs.rounds import NumpyPeer
@@ -73,8 +72,7 @@ LLC = max((c["size_bytes"] for c in sysinfo.cache_sizes()), default=32 << 20)
 # weights chained per call, at least 4x the last-level cache: 8 (128 MB) with a 32 MiB L3
 STACK = 32 if not QUICK else min(32, max(8, -(-4 * LLC // (4 * K_W * N_W))))
 READ_BYTES = max(128 << 20, 4 * LLC) if QUICK else main_array_bytes(LLC)  # the read's array
-DATA = Path("..") / "figures" / "data" if Path.cwd().name == "notebooks" else \
-    Path("figures") / "data"
+DATA = machines.data_folder("decode")  # figures/data/<machine>/: one machine's runs
 RACE_FILE = DATA / "decode.json"  # the committed race (step 5), written by microbench decode
 race = json.loads(RACE_FILE.read_text()) if RACE_FILE.exists() else None
 # the race's float32 kernel product form: "native panels" (this kernel), or "native [N, K]" in
@@ -401,8 +399,7 @@ display(fig)
 # The last lines are the committed race's answer to the same question, on its machine
 # (`xla [K, N]` is `x @ w`, `xla [N, K]` the `dot_general`, `native panels` the kernel over
 # its panels; a race run before the panel kernel names it `native [N, K]`, the earlier kernel
-# over output-major rows); the README also reports, from an earlier run on a 2-core Zen 3, a
-# [4096, 1024] product over [K, N] at a quarter of the memory's speed. Whichever form streams
+# over output-major rows), each as a fraction of that machine's C read. Whichever form streams
 # fastest at one row here, the table above says; `backend="native"` does not choose by rows:
 # `x @ w` with a `kernels.Panels` weight runs the kernel at 1 row too, as for a few rows and
 # for a prefill, so every `x @ w` of a native model is the kernel's, whatever the batch.
@@ -440,6 +437,7 @@ for m in ROWS:
 
 if max(frac.values()) > 1.02:
     print("(above 1: faster than the round's roof, whose read drift or other load slowed)")
+
 best = {m: max(FORMS, key=lambda f: frac[f, m]) for m in ROWS}
 print("\nclosest to its roof: " + "; ".join(f"{m} rows {best[m]} ({frac[best[m], m]:.2f})"
                                            for m in ROWS))
@@ -489,7 +487,8 @@ display(fig)
 #   x) each output keeps 2 or 4 partial sums, so that at least 8 independent FMA chains hide
 #   the FMA latency even for one row.
 # - **Passes over a panel in L2.** A pass takes at most MB = 12 rows of x with AVX-512's 32
-#   registers (24 accumulators; 4 rows with AVX2's 16): enough independent sums to hide
+#   registers (24 accumulators; 6 rows with AVX2's 16, 12 accumulators, as in BLIS's Haswell
+#   kernel; `MB` in `panels.h`): enough independent sums to hide
 #   the FMA latency on a core that runs 512-bit work at full width. More rows make more
 #   passes over the panel, which is K x 128 bytes and stays in L2, so a panel comes from memory once
 #   whatever M is. The kernel is a GEMV at 1 row, a few-rows product in a small batch or a
@@ -522,8 +521,8 @@ display(fig)
 #
 # A fast kernel is worth nothing if it is wrong. The checks below can fail. First the kernel
 # alone against a float64 numpy oracle, on sizes that hit every tail: M past a pass of rows
-# (4 or 8) and several passes, K not a multiple of the unrolling, N ending inside a panel or
-# inside a vector, or smaller than a panel.
+# (6 with AVX2, 12 with AVX-512) and several passes, K not a multiple of the unrolling, N
+# ending inside a panel or inside a vector, or smaller than a panel.
 # Float32 sums in another order differ from float64 by about the float32 rounding of the
 # partial sums, which grows like $\sqrt{K}$: the tolerance is rtol $10^{-5}$, atol
 # $10^{-5}\sqrt{K}$ (the test suite's). numpy's own float32 product (its BLAS) is shown
@@ -752,10 +751,9 @@ if race is not None:
 # rate while streaming. The earlier kernel could not: it took dot products of rows of an
 # [N, K] weight with rows of x and summed each output across its lanes, and batch 8 was where
 # it fell below its roof. The panel kernel of step 4 broadcasts x, keeps up to 12 x 32 outputs
-# in registers and never sums across lanes, so 8 rows are no longer its compute ceiling.
-# Whether that brings batch 8 to its
-# roof while the weights stream from memory, the race in step 5 says (if it was run with the
-# panel kernel: step 5 prints which).
+# in registers (6 x 16 with AVX2) and never sums across lanes, so 8 rows are no longer its
+# compute ceiling. Whether that brings batch 8 to its roof while the weights stream from
+# memory, the race in step 5 says (if it was run with the panel kernel: step 5 prints which).
 # `python -m microbench breakdown --model llama-309m --batch 8 --backend native` shows where
 # such a step's time goes. From the committed data:
 
@@ -810,10 +808,19 @@ def whole_cache_copies(cfg, batch: int, context: int) -> tuple[int, int]:
                                        context)
 
 
+def check_no_cache_copies(copies):
+    """CHECK (fails on a compiled step that copies its cache): no whole-cache copy in the
+    compiled decode step ({batch: copies})."""
+    for batch, n in copies.items():
+        assert n == 0, f"batch {batch}: {n} copies of whole cache arrays per decode step"
+
+
+copies = {}
 for batch in (1, 2):
-    n, arrays = whole_cache_copies(presets.get("tiny"), batch, 16)
-    print(f"batch {batch}: {n} whole-cache copies per step for {arrays} cache arrays "
-          f"({n / arrays:.1f} per array)")
+    copies[batch], arrays = whole_cache_copies(presets.get("tiny"), batch, 16)
+    print(f"batch {batch}: {copies[batch]} whole-cache copies per step for {arrays} cache "
+          f"arrays ({copies[batch] / arrays:.1f} per array)")
+check_no_cache_copies(copies)
 
 # %% [markdown]
 # **Race your own machine.** The committed numbers are one 2-core machine's; your ratios will

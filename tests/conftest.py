@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -110,3 +111,24 @@ def assert_golden(cfg, batch: int, length: int, chunks: list[int], seed: int = 0
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+@pytest.fixture
+def peaks_here(tmp_path):
+    """The committed peaks.json as if measured on the machine running the test (its CPU
+    fields replaced): what a command that predicts with this machine's roofs accepts."""
+    from microbench import machines, sysinfo
+
+    saved = machines.data_folder("peaks") / "peaks.json"
+    result = json.loads(saved.read_text())
+    info = sysinfo.read_cpuinfo()
+    result["environment"].update(
+        backend=jax.default_backend(), device_kind=jax.devices()[0].device_kind,
+        device_count=jax.device_count(), cpu_model=sysinfo.cpu_model(info),
+        cpu_id=sysinfo.cpu_family(info), isa_flags=sysinfo.isa_flags(info),
+        cpu_count=os.cpu_count())
+    assert machines.result_machine(result) == machines.this_machine()
+    path = tmp_path / "peaks_here" / "peaks.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(result))
+    return path

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from microbench import cli, files, hardware
+from microbench import cli, files, hardware, machines
 
 REPO = Path(__file__).resolve().parents[1]
-SAVED_PEAKS = REPO / "figures" / "data" / "peaks.json"
+SAVED_PEAKS = machines.data_folder("peaks") / "peaks.json"
+
 
 
 def one_line_error(argv, capsys) -> str:
@@ -54,12 +55,14 @@ def a_file(tmp_path) -> Path:
 @pytest.mark.parametrize("argv", [
     ["peaks", "--quick", "--no-progress"],
     ["run", "--quick", "--no-progress"],
-    ["phases", "--quick", "--no-progress", "--peaks", str(SAVED_PEAKS)],
+    ["phases", "--quick", "--no-progress", "--peaks", "PEAKS"],
     ["breakdown", "--model", "tiny"],
 ])
 @pytest.mark.parametrize("below", [False, True])  # --out is a file / inside a file
-def test_bad_out_is_refused_before_measuring(argv, below, a_file, no_measuring, capsys):
+def test_bad_out_is_refused_before_measuring(argv, below, a_file, no_measuring, peaks_here,
+                                             capsys):
     out = a_file / "sub" if below else a_file
+    argv = [str(peaks_here) if a == "PEAKS" else a for a in argv]
     err = one_line_error([*argv, "--out", str(out)], capsys)
     assert repr(str(out)) in err and ("not a folder" in err or "not writable" in err)
     assert a_file.read_text() == "not a folder"
@@ -82,18 +85,31 @@ def test_truncated_json_names_the_file(tmp_path, capsys):
     assert f"{cut}: not valid JSON" in err
 
 
-def test_figures_without_saved_results_names_the_file(tmp_path, capsys):
+def test_figures_without_saved_results_names_the_folder(tmp_path, capsys):
     err = one_line_error(["figures", "--data", str(tmp_path), "--out", str(tmp_path)], capsys)
-    assert str(tmp_path / "peaks.json") in err
+    assert f"--data {tmp_path}: no saved results" in err
+
+
+@pytest.mark.parametrize("command", ["phases", "simulate", "speculative", "quant"])
+def test_another_machines_peaks_are_refused(command, tmp_path, peaks_here, no_measuring,
+                                            capsys):
+    other = json.loads(peaks_here.read_text())
+    other["environment"]["cpu_count"] = 1000  # the same CPU with other cores: another machine
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps(other))
+    err = one_line_error([command, "--quick", "--peaks", str(path), "--out",
+                          str(tmp_path / "o")], capsys)
+    assert f"--peaks {path}: measured on" in err and "1000cpu" in err
 
 
 # Ridiculous sizes are refused with a memory estimate ----------------------------------------
 
-def test_phases_refuses_a_batch_too_big_for_memory(tmp_path, no_measuring, capsys):
-    err = one_line_error(["phases", "--quick", "--batches", "1e12", "--peaks", str(SAVED_PEAKS),
-                          "--out", str(tmp_path)], capsys)
+def test_phases_refuses_a_batch_too_big_for_memory(tmp_path, no_measuring, peaks_here, capsys):
+    out = tmp_path / "out"
+    err = one_line_error(["phases", "--quick", "--batches", "1e12", "--peaks", str(peaks_here),
+                          "--out", str(out)], capsys)
     assert "batch 1000000000000" in err and "needs about" in err and "available" in err
-    assert not list(tmp_path.iterdir())
+    assert not out.exists() or not list(out.iterdir())
 
 
 def test_breakdown_refuses_a_batch_too_big_for_memory(tmp_path, no_measuring, capsys):

@@ -31,12 +31,17 @@ from matplotlib.legend import Legend
 from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
-from microbench import plots
+from microbench import machines, plots
 from microbench.plots import common, saved
 from microbench.plots.claims import backends
 from microbench.plots.common import made_by
 
-DATA = Path(__file__).resolve().parents[1] / "figures" / "data"
+
+def _data(study: str) -> Path:
+    """The committed machine folder a study's figures are drawn from."""
+    return machines.data_folder("peaks" if study in ("headline", "roofline") else study)
+
+
 SLACK = 0.5  # pixels two extents may share: touching is allowed, rounding is not a collision
 LEGEND_SHARE = 0.25  # the most of the canvas one legend may cover
 TITLE_LINES = 2  # the most lines an axes title may run to
@@ -148,13 +153,13 @@ def _draw(study: str, folder: Path) -> dict[str, tuple[list[str], str]]:
     check = lambda fig, path: found.setdefault(Path(path).name, problems(fig))  # noqa: E731
     with common.checking(check), mock.patch.object(Figure, "savefig", lambda *a, **k: None):
         if study == "headline":
-            peaks, phases = plots.load_saved(DATA)
+            peaks, phases = plots.load_saved(_data(study))
             common.save(plots.FIGURES["phases_roofline"]([phases, peaks]),
                         folder / "phases_roofline.png")
         elif study == "roofline":
-            saved.draw_roofline(folder, DATA)
+            saved.draw_roofline(folder, _data(study))
         else:
-            saved.redraw(study, folder, DATA)
+            saved.redraw(study, folder, _data(study))
     return found
 
 
@@ -169,10 +174,10 @@ def _made_by(study: str, name: str) -> str:
     if name in ON_PAPER:
         return "on paper"
     if study != "roofline":
-        return made_by(json.loads((DATA / f"{study}.json").read_text()).get("environment"))
+        return made_by(json.loads((_data(study) / f"{study}.json").read_text()).get("environment"))
     if name.removesuffix(".png") in plots.PEAKS_FIGURES:
-        return made_by(json.loads((DATA / "peaks.json").read_text())["environment"])
-    phases = json.loads((DATA / "phases.json").read_text())
+        return made_by(json.loads((_data(study) / "peaks.json").read_text())["environment"])
+    phases = json.loads((_data(study) / "phases.json").read_text())
     return made_by(phases["environment"], backends(phases["points"]))
 
 

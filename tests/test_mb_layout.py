@@ -11,8 +11,8 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "microbench"
 MAX_LINES = 60
 # What stays at the top of microbench/: the shared core every subpackage uses.
-CORE = {"__init__", "__main__", "blas", "cli", "files", "hardware", "harness", "roofline",
-        "schema", "sysinfo"}
+CORE = {"__init__", "__main__", "blas", "cli", "files", "hardware", "harness", "machines",
+        "roofline", "schema", "sysinfo"}
 SUBPACKAGES = {"roofs", "phases", "studies", "plots", "commands"}
 
 

@@ -129,7 +129,8 @@ finally:  # what got imported anyway (a submodule reached some other way)
 
 def test_figures_command_redraws_the_committed_data_without_jax(tmp_path):
     """`python -m microbench figures` itself, in a process where JAX and Flax cannot be
-    imported, redraws every file of figures/ from a copy of figures/data."""
+    imported, redraws every file of figures/<machine>/ from a copy of figures/data, one folder
+    per machine."""
     data = shutil.copytree(REPO / "figures" / "data", tmp_path / "data")
     out = tmp_path / "figures"
     proc = subprocess.run([sys.executable, "-c", FIGURES_WITHOUT_JAX, str(data), str(out)],
@@ -138,20 +139,48 @@ def test_figures_command_redraws_the_committed_data_without_jax(tmp_path):
     assert proc.returncode == 0, proc.stderr
     *lines, loaded = proc.stdout.strip().splitlines()
     assert loaded == "[]"
-    committed = sorted(p.name for p in (REPO / "figures").iterdir() if p.is_file())
-    assert sorted(p.name for p in out.iterdir()) == committed
-    assert sorted(lines) == sorted(f"wrote {out / name}" for name in committed)
-    for name in committed:
-        if name.endswith(".md"):  # the summaries are the committed ones, word for word
-            assert (out / name).read_text() == (REPO / "figures" / name).read_text(), name
-        else:
-            width, height = _png_size(out / name)
-            assert width >= 1000 and height >= 600, name
+    machines = sorted(p.name for p in data.iterdir())
+    assert machines and sorted(p.name for p in out.iterdir()) == machines
+    assert sorted(p.name for p in (REPO / "figures").iterdir() if p.is_dir()) == \
+        sorted(["data", *machines])  # no figures of a machine without data, none loose
+    assert not [p for p in (REPO / "figures").iterdir() if p.is_file()]
+    wrote = []
+    for machine in machines:
+        committed = sorted(p.name for p in (REPO / "figures" / machine).iterdir())
+        assert sorted(p.name for p in (out / machine).iterdir()) == committed
+        wrote += [f"wrote {out / machine / name}" for name in committed]
+        for name in committed:
+            if name.endswith(".md"):  # the summaries are the committed ones, word for word
+                assert (out / machine / name).read_text() == \
+                    (REPO / "figures" / machine / name).read_text(), name
+            else:
+                width, height = _png_size(out / machine / name)
+                assert width >= 1000 and height >= 600, name
+    assert sorted(lines) == sorted(wrote)
+
+
+def test_figures_refuses_a_folder_that_mixes_machines(tmp_path, capsys):
+    """Two machines' files in one folder are refused, naming both, before anything is drawn."""
+    from microbench.cli import main
+
+    src = REPO / "figures" / "data"
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    peaks = json.loads(next(src.glob("*/peaks.json")).read_text())
+    other = json.loads(json.dumps(peaks))
+    other["environment"]["cpu_count"] = 64
+    (folder / "peaks.json").write_text(json.dumps(peaks))
+    (folder / "phases.json").write_text(json.dumps({**other, "kind": "phases"}))
+    with pytest.raises(SystemExit):
+        main(["figures", "--data", str(folder), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert "results from 2 machines" in err and "64cpu" in err and "peaks.json" in err
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
 
 
 # plots/ modules in dependency order: each imports only modules before it (no cycle).
 PLOTS_ORDER = ("common", "roofline", "hierarchy", "claims", "points", "sweeps", "breakdown",
-               "serving", "simulate", "speculative", "quant", "collectives", "parallel", "decode",
+               "serving", "scale", "simulate", "speculative", "quant", "collectives", "parallel", "decode",
                "summary", "results", "saved")
 
 
@@ -164,3 +193,29 @@ def test_plots_modules_import_only_earlier_ones():
                 and node.module and node.module.startswith("microbench.plots")}
         assert "microbench.plots" not in used, name  # the package imports its modules
         assert {m.rsplit(".", 1)[1] for m in used} <= set(PLOTS_ORDER[:i]), (name, used)
+
+
+def test_integer_gemm_roofs_are_operations_not_flops():
+    """An int8 GEMM does integer operations: its roof is labelled OP/s and its ridge OP/B, on
+    the figure and in summary.md; float roofs keep FLOP/s."""
+    from microbench.plots.roofline import rate_unit, ridge_label
+    from microbench.plots.summary import roof_rows
+
+    result = synthetic.result()
+    gemm = dict(result["roofs"]["compute"][0])
+    int8 = {**gemm, "name": "GEMM int8", "dtype": "int8", "value": 3.25e11,
+            "p10": 3.2e11, "p90": 3.3e11}
+    result["roofs"]["compute"].append(int8)
+    result["roofs"]["ridges"] = [{"flops_per_byte": 9.42, "compute": "GEMM int8",
+                                  "memory": "DRAM read-only", "label": "ridge 9.42 FLOP/B"}]
+    assert rate_unit(int8) == "OP/s" and rate_unit(gemm) == "FLOP/s"
+    assert rate_unit({"kind": "memory", "name": "DRAM"}) == "B/s"
+    assert ridge_label(result["roofs"]["ridges"][0]) == \
+        "ridge 9.42 OP/B = GEMM int8 / DRAM read-only"
+    rows = "\n".join(roof_rows(result))
+    assert "| GEMM int8 | 325 GOP/s |" in rows and "ridge 9.42 OP/B = GEMM int8" in rows
+    assert "| GEMM float32 | " in rows and "GFLOP/s" in rows
+    labels = plots.roofline_figure([result]).axes[0].get_legend_handles_labels()[1]
+    assert any(label.startswith("measured GEMM int8: 325 GOP/s") for label in labels)
+    assert any(label.startswith("measured GEMM float32") and "GFLOP/s" in label
+               for label in labels)

@@ -263,3 +263,29 @@ def test_old_files_without_the_new_fields_still_draw(result):
         fig = plots.FIGURES[name]([upgraded])
         assert fig.axes, name
 
+
+
+def test_a_reason_says_its_op_time_is_a_separate_profile_and_never_blames_a_faster_point():
+    """The op clause of a reason comes from a separate profiled run (its share can pass 100%
+    of the timed call); a point that ran faster than predicted is not explained by the op
+    that 'lost the most time'."""
+    reason = ("XLA's own GEMM float32 (XLA) reaches 208 GFLOP/s against the roof's 203: "
+              "against it measured/predicted = 0.56; most time lost in kv_expand: 26.70 ms "
+              "(121% of the call) against 11.93 ms at its roofs, at 90.6 GFLOP/s")
+    short = claims.short_reason(reason, 0.75)
+    assert short.startswith("most time lost in kv_expand: 26.70 ms in a separate profile "
+                            "(121% of the timed call)")
+    assert "(121% of the call)" not in claims.reason_text(reason)
+    faster = ("XLA's own DRAM read-only reaches 32.2 GB/s: against it measured/predicted = "
+              "1.35; most time lost in ffn_up: 1.67 ms (55% of the call) against 1.46 ms; "
+              "measured 1.27x faster than predicted")
+    assert claims.short_reason(faster, 1.27) == "measured 1.27x faster than predicted"
+    assert claims.short_reason(faster).startswith("most time lost in ffn_up")  # no ratio
+    assert claims.short_reason("unexplained", 1.3) == \
+        "ran faster than predicted, no measured reason recorded"
+    assert claims.reason_text(faster, 1.27).startswith("measured 1.27x faster than predicted; ")
+    notes = phase_plots.Notes()
+    point = {"variant": "sliding", "phase": "decode_ffn", "batch": 1, "context": 1024,
+             "measured_over_predicted": 1.27, "outside_reason": faster}
+    notes.key(point)
+    assert "most time lost" not in notes.text() and "1.27x faster" in notes.text()

@@ -14,6 +14,7 @@ from microbench.commands.figures import saved_figures
 from microbench.plots.quant import (
     draw_quant,
     formulation_claim,
+    kv_cause,
     kv_claim,
     quality_claim,
     quant_figure,
@@ -232,3 +233,19 @@ def test_figures_command_redraws_saved_data(result, tmp_path, monkeypatch):
     written = saved_figures("quant", out, data)
     assert sorted(p.name for p in written) == ["quant.md", "quant.png"]
     assert "bfloat16 1.80x" in (out / "quant.md").read_text()
+
+
+def test_kv_cause_is_measured_from_the_steps_and_beside_the_claim(result):
+    """The cache format's speedup explained from the data: the long step's time beyond the
+    short step of the same weights is its cache's, and each format's cache time is compared."""
+    cause = kv_cause(result)
+    assert cause.startswith("the float32 cache's 64.0 MB more than at 256 tokens cost 0.0500 ms "
+                            "more (1,280 GB/s, where the 256-token step read its bytes at "
+                            "4,000 GB/s): the cache is 33% of the 4,096-token step's time")
+    assert "int8 KV 3.76x fewer cache bytes, cache time 1.38x shorter" in cause
+    assert "float8 KV 4.00x fewer cache bytes, cache time 1.33x longer" in cause
+    text = quant_summary(result)
+    assert text.index(kv_claim(result)) < text.index("Why, measured: " + cause)
+    r = copy.deepcopy(result)  # no short step to subtract: no cause, nothing invented
+    r["steps"]["results"] = [x for x in r["steps"]["results"] if x["context"] != 256]
+    assert kv_cause(r) is None and "Why, measured" not in quant_summary(r)

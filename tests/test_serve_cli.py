@@ -20,29 +20,44 @@ def test_quick_serve_writes_results_and_figures(tmp_path):
     r = json.loads((out / "serve.json").read_text())
     assert r["kind"] == "serve" and r["environment"]["backend"]
     setup = r["setup"]
+    # one set of SLOs from one reference, scaled as the setup says
+    ref = r["slo"]["reference"]
+    assert ref["model"] == setup["slo_model"] and not ref["prefix_cache"]
+    for key in ("ttft_s", "tpot_s"):
+        assert math.isclose(r["slo"][key], setup["slo_scale"] * ref[key])
+    # the swept rates are the fractions of the measured saturation
+    sat = r["saturation"]["requests_per_s"]
     policy = [x for x in r["runs"] if x["experiment"] == "policy"]
     assert len(policy) == len(setup["policies"]) * len(setup["rate_fractions"])
+    assert sorted({x["rate"] for x in policy}) == pytest.approx(
+        [f * sat for f in sorted(setup["rate_fractions"])])
     for run in r["runs"]:
-        if run["experiment"] == "peer":
-            continue
-        assert run["summary"]["requests"] == setup["requests"]
-        assert len(run["requests"]) == setup["requests"]
+        n = setup["prefix_requests"] if run["experiment"].startswith("prefix") \
+            else setup["requests"]
+        assert run["summary"]["requests"] == n == len(run["requests"])
+        assert run["summary"]["slo"] == {"ttft_s": r["slo"]["ttft_s"],
+                                         "tpot_s": r["slo"]["tpot_s"]}  # the same SLOs
+        window = run["steady"]
+        assert window["requests"] < n and window["window_s"] > 0
         for q in run["requests"]:
             assert q["ttft_s"] > 0 and q["e2e_s"] >= q["ttft_s"]
         used = [u for _, u, _ in run["usage"]]
         assert max(used) <= run["num_pages"] and used[-1] == 0  # every page back at the end
-    off = [x for x in r["runs"] if x["experiment"] == "prefix cache off"]
-    on = [x for x in policy if x["policy"] == "mixed" and x["rate"] == off[0]["rate"]]
-    assert off[0]["hit_rate"] == 0 and not off[0]["prefix_cache"]
-    assert on[0]["hit_rate"] > 0  # a 64-token system prompt before every request
-    speedup = r["claims"]["prefix_cache_ttft_speedup"]
-    assert math.isclose(speedup, off[0]["mean_ttft_s"] / on[0]["mean_ttft_s"])
+    on, off = (next(x for x in r["runs"] if x["experiment"] == f"prefix cache {k}")
+               for k in ("on", "off"))
+    assert on["rate"] == off["rate"] and off["hit_rate"] == 0 and not off["prefix_cache"]
+    assert on["hit_rate"] > 0 and on["prefill_tokens"] < off["prefill_tokens"]
+    claim = r["claims"]["prefix_cache"]
+    assert claim["prefill_tokens_saved"] == off["prefill_tokens"] - on["prefill_tokens"]
+    assert math.isclose(claim["ttft_off_over_on"], off["mean_ttft_s"] / on["mean_ttft_s"])
+    assert r["workload"]["lengths"]["output"]["cv"] > 0.3  # long-tailed, not one length
     d = r["decode"]
     assert d["ratio"] > 0 and len(d["ratio_by_round"]) == d["rounds"] >= 1
     assert d["view_tokens"] >= d["context"] + 1  # the engine and Phases over one length
     assert d["kernels"] in ("native", "xla") and ("xla" in d) == (d["kernels"] == "native")
     assert r["peer"]["error"].startswith("not asked")
-    assert "mean TTFT without / with" in (out / "serve.md").read_text()
+    text = (out / "serve.md").read_text()
+    assert "Highest swept rate with >= 90% SLO attainment" in text and "Same trace at" in text
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -53,6 +68,10 @@ def test_quick_serve_writes_results_and_figures(tmp_path):
     (["--model", "gpt-5"], "model='gpt-5'"),
     (["--attention", "flash"], "attention='flash'"),
     (["--slo-scale", "0"], "slo_scale"),
+    (["--slo-model", "gpt-5"], "slo_model='gpt-5'"),
+    (["--trim", "0.5"], "trim=0.5"),
+    (["--prompt-len", "20"], "prompt_len=20.0: the sharegpt workload"),
+    (["--attainment-target", "1.5"], "attainment_target=1.5"),
 ])
 def test_bad_options_are_refused_before_measuring(tmp_path, capsys, args, message):
     out = tmp_path / "serve"

@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny
 
 import refmodel
+from conftest import tiny
 from refmodel import kernels
 from refmodel.serving import Request
 from refmodel.serving.engine import Engine, Layout
@@ -216,3 +216,61 @@ def test_bad_input_is_a_clear_error():
                             seed=0)
     with pytest.raises(ValueError, match="max_position=16"):
         Engine(learned, num_pages=40, page_size=PAGE).run([Request(3, tuple(range(14)), 4)])
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    return refmodel.init(tiny(), seed=0)
+
+
+@pytest.mark.parametrize(("kwargs", "shown"), [
+    # a float count ran as if rounded up (max_running=2.5 ran 3 rows) or failed mid-run with
+    # an unnamed TypeError (shapes="fixed", warmup); now each is refused when the engine is made
+    ({"max_running": 2.5}, "max_running=2.5 (float): must be an integer >= 1"),
+    ({"max_running": 2.5, "shapes": "fixed", "max_len": 32}, "max_running=2.5"),
+    ({"token_budget": 4.5}, "token_budget=4.5 (float): must be an integer >= 1"),
+    ({"max_running": True}, "max_running=True (bool): must be an integer >= 1"),
+    ({"token_budget": False}, "token_budget=False (bool)"),
+    ({"num_pages": 8.0}, "num_pages=8.0 (float)"),
+    ({"page_size": True}, "page_size=True (bool)"),
+    ({"max_len": 31.5}, "max_len=31.5 (float)"),
+    ({"array_pages": 40.0}, "array_pages=40.0 (float)"),
+    ({"seed": 0.5}, "seed=0.5 (float): must be an integer"),
+    ({"temperature": True}, "temperature=True must be a finite number >= 0"),
+    ({"prefix_cache": 1}, "prefix_cache=1: choose one of (True, False, None)"),
+    ({"cache_aware": "yes"}, "cache_aware='yes': choose one of (True, False)"),
+])
+def test_engine_numeric_fields_are_checked_at_construction(tiny_model, kwargs, shown):
+    with pytest.raises(ValueError) as err:
+        Engine(tiny_model, **{"num_pages": 32, "page_size": PAGE, **kwargs})
+    assert shown in str(err.value)
+
+
+def test_numpy_integers_are_counts(tiny_model):
+    e = Engine(tiny_model, num_pages=np.int64(32), page_size=np.int32(PAGE),
+               max_running=np.int64(2), token_budget=np.int64(16), max_len=np.int64(32),
+               shapes="fixed")
+    assert e.scheduler.max_running == 2 and type(e.scheduler.max_running) is int
+
+
+@pytest.mark.parametrize(("args", "shown"), [
+    # float ids were truncated ((1.5, 2.9) served as (1, 2)) and bools passed as 0/1
+    ((0, (1.5, 2.9), 2), "request 0: prompt[0]=1.5 (float) is not a token id"),
+    ((0, (3, True), 2), "request 0: prompt[1]=True (bool) is not a token id"),
+    ((0, (3, "4"), 2), "request 0: prompt[1]='4' (str) is not a token id"),
+    ((0, "34", 2), "request 0: prompt='34' must be a sequence of integer token ids"),
+    ((0, (3, -1), 2), "request 0: prompt[1]=-1 is a negative token id"),
+    ((0, (), 2), "request 0: prompt is empty"),
+    ((0, (3,), True), "request 0: max_new_tokens=True (bool): must be an integer >= 1"),
+    ((0, (3,), 2.0), "request 0: max_new_tokens=2.0 (float)"),
+    ((1.5, (3,), 2), "Request id=1.5 (float): must be an integer"),
+    ((0, (3,), 2, True), "request 0: arrival=True must be a finite number of seconds >= 0"),
+    ((0, (3,), 2, float("nan")), "request 0: arrival=nan"),
+])
+def test_request_fields_are_checked_when_made(args, shown):
+    with pytest.raises(ValueError) as err:
+        Request(*args)
+    assert shown in str(err.value)
+    ok = Request(np.int64(4), np.array([1, 2], np.int32), np.int64(3), np.float32(0.5))
+    assert ok.prompt == (1, 2) and all(type(t) is int for t in ok.prompt)
+    assert (type(ok.id), type(ok.max_new_tokens), type(ok.arrival)) == (int, int, float)

@@ -62,3 +62,33 @@ def test_bad_timelines_are_refused():
         metrics.duration([])
     with pytest.raises(ValueError, match="duration=0.0"):
         metrics.throughput([Timeline(1.0, (1.0,))])
+
+
+def test_steady_window_leaves_out_warm_up_and_drain():
+    # ten requests one second apart, each served in 0.5 s (TTFT 0.1 s, 5 tokens), except the
+    # last two, which wait 3 s: the window drops the first and the last (trim 0.1 of 10)
+    runs = [Timeline(float(i), tuple(i + (3.0 if i >= 8 else 0.0) + 0.1 * k
+                                     for k in range(1, 6))) for i in range(10)]
+    s = metrics.steady(runs, ttft_slo=1.0, tpot_slo=0.5, trim=0.1)
+    assert (s["start_s"], s["end_s"], s["requests"]) == (1.0, 8.0, 8)
+    assert s["arrival_rate"] == pytest.approx(1.0)  # 7 gaps of 1 s
+    assert s["slo_attainment"] == pytest.approx(7 / 8)  # request 8 (TTFT 3.1) misses
+    assert s["goodput_requests_per_s"] == pytest.approx(7 / 8)
+    # completed inside [1, 8]: requests 1..7 (ending 1.5 .. 7.5), over 7 s
+    assert s["completed_requests_per_s"] == pytest.approx(7 / 7)
+    # over the whole run the same requests read slower: the drain is counted
+    assert metrics.summarize(runs, 1.0, 0.5)["requests_per_s"] < 1.0
+    with pytest.raises(ValueError, match="trim=0.5"):
+        metrics.steady(runs, 1.0, 0.5, trim=0.5)
+    with pytest.raises(ValueError, match="finite arrival rate"):
+        metrics.steady([Timeline(0.0, (1.0,))] * 5, 1.0, 0.5)
+    with pytest.raises(ValueError, match="at least 2 must remain"):
+        metrics.steady(runs[:3], 1.0, 0.5, trim=0.4)
+
+
+def test_completion_rate_is_the_rate_under_a_full_queue():
+    # all at t = 0, one completion every 0.25 s: 4 per second between the 10th and 90th
+    runs = [Timeline(0.0, (0.25 * (i + 1),)) for i in range(20)]
+    assert metrics.completion_rate(runs, trim=0.1) == pytest.approx(4.0)
+    with pytest.raises(ValueError, match="complete at once"):
+        metrics.completion_rate([Timeline(0.0, (1.0,))] * 10)

@@ -111,6 +111,28 @@ def test_a_tiny_pool_preempts_and_recovers():
     assert_served(sched, reqs)
 
 
+def test_readmissions_after_preemption_are_counted_with_their_hits():
+    system = tuple(range(100, 116))  # 16 shared tokens: 4 pages of 4
+    reqs = [Request(i, system + tuple(range(i * 10, i * 10 + 10)), 12) for i in range(8)]
+    pool = PagePool(20, page_size=4)
+    sched = Scheduler(pool, "mixed", token_budget=64, max_running=8, cache=RadixCache(pool))
+    plans = run(sched, reqs)
+    assert_served(sched, reqs)
+    # from the plans alone: the first chunk a preempted request runs after its preemption
+    # starts at what the radix cache held for it (its prompt so far, and its output)
+    waiting, starts = set(), []
+    for plan in plans:
+        for c in plan.prefill:
+            if c.seq in waiting:
+                starts.append(c.start)
+                waiting.discard(c.seq)
+        waiting |= set(plan.preempted)
+    assert sched.readmissions == len(starts) > 0
+    assert sched.readmit_hit_tokens == sum(starts)
+    assert sched.readmit_hit_tokens > len(starts) * len(system)  # past the shared prompt
+    assert sched.readmit_tokens >= sched.readmit_hit_tokens + sched.readmissions
+
+
 def test_shared_system_prompt_is_a_prefix_hit():
     system = tuple(range(100, 132))  # 32 tokens: 8 whole pages of 4
     reqs = [Request(i, system + (i, 1, 2), max_new_tokens=3, arrival=float(i))

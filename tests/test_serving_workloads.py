@@ -56,7 +56,29 @@ def test_few_shot_prompts_share_one_prefix_per_task():
     assert len({r.prompt[:60] for r in reqs}) == 2 and all(len(r.prompt) == 110 for r in reqs)
 
 
+def test_chat_lengths_have_sharegpts_means_scaled_and_a_long_tail():
+    rng = np.random.default_rng(0)
+    p, o = workloads.chat_lengths(rng, 40_000, scale=0.125)
+    # vLLM's filter (prompt <= 1024 x scale, total <= 2048 x scale) trims the tail a little
+    assert p.max() <= 128 and (p + o).max() <= 256 and p.min() >= 1 and o.min() >= 1
+    assert p.mean() == pytest.approx(161.31 * 0.125, rel=0.06)
+    assert o.mean() == pytest.approx(337.99 * 0.125, rel=0.06)
+    assert o.std() / o.mean() > 0.8 and np.median(o) < 0.8 * o.mean()  # long-tailed
+
+
+def test_chat_like_is_the_same_requests_at_every_rate():
+    slow = workloads.chat_like(30, 2.0, scale=0.125, system_len=32, seed=4)
+    fast = workloads.chat_like(30, math.inf, scale=0.125, system_len=32, seed=4)
+    assert [(r.prompt, r.max_new_tokens) for r in slow] == \
+        [(r.prompt, r.max_new_tokens) for r in fast]
+    assert all(r.arrival == 0 for r in fast) and slow[-1].arrival > 0
+    assert all(r.prompt[:32] == slow[0].prompt[:32] for r in slow)  # one system prompt
+
+
 @pytest.mark.parametrize("call,needle", [
+    (lambda: workloads.chat_like(5, 1.0, scale=0), "scale=0"),
+    (lambda: workloads.chat_like(5, 1.0, system_len=-1), "system_len=-1"),
+    (lambda: workloads.chat_like(0, 1.0), "n=0"),
     (lambda: workloads.random_requests(10, rate=-1.0), "rate=-1.0"),
     (lambda: workloads.random_requests(10, rate=0), "rate=0"),
     (lambda: workloads.random_requests(0, rate=1.0), "n=0"),

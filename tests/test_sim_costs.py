@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 import refmodel
 from refmodel import costs
 from refmodel.serving.request import Chunk, Plan
+from refmodel.serving.steps import Step
 from refmodel.sim.cluster import Chip, Link
-from refmodel.sim.predict import EngineCalls, RooflineTime, TableTime
+from refmodel.sim.predict import EngineCalls, RooflineTime, TableTime, step_plan
 
 VARIANTS = [(kind, ffn) for kind in ("gqa", "mla", "sliding", "sparse", "linear")
             for ffn in ("dense", "moe")]
@@ -100,6 +101,48 @@ def test_engine_calls_and_table():
     rt = RooflineTime(config("gqa", "dense"), CHIP, calls)
     assert rt(plan) == pytest.approx(rt.engine_call((1, 16)) + rt.engine_call((4, 1)))
     assert rt.engine_call((4, 1)) > rt.engine_call((1, 1)) > CHIP.floor
+
+
+def test_kernels_add_their_cost_to_each_call():
+    """Given kernel counts and a cost per kernel, each engine call costs its roofline time plus
+    that cost times its own count (a table or a function of the shape)."""
+    calls = EngineCalls(has_state=False, shapes="pow2", token_budget=32, max_running=8,
+                        max_len=64, page_size=8)
+    cfg = config("gqa", "dense")
+    bare = RooflineTime(cfg, CHIP, calls)
+    counted = RooflineTime(cfg, CHIP, calls, kernels={(1, 16): 40, (4, 1): 25},
+                           per_kernel_s=1e-5)
+    assert counted.engine_call((1, 16)) == pytest.approx(bare.engine_call((1, 16)) + 4e-4)
+    assert counted.engine_call((4, 1)) == pytest.approx(bare.engine_call((4, 1)) + 2.5e-4)
+    by_rows = RooflineTime(cfg, CHIP, calls, kernels=lambda shape: 10 * shape[0],
+                           per_kernel_s=1e-5)
+    assert by_rows.engine_call((4, 1)) == pytest.approx(bare.engine_call((4, 1)) + 4e-4)
+    for bad in (-1e-6, float("nan"), True, "1e-5"):
+        with pytest.raises(ValueError, match="per_kernel_s"):
+            RooflineTime(cfg, CHIP, calls, kernels={}, per_kernel_s=bad)
+    with pytest.raises(ValueError, match="kernels"):
+        RooflineTime(cfg, CHIP, calls, per_kernel_s=1e-5)
+    with pytest.raises(ValueError, match="calls"):
+        RooflineTime(cfg, CHIP, kernels={}, per_kernel_s=1e-5)
+
+
+def test_a_recorded_step_is_priced_as_its_plan():
+    """step_plan(step) gives the calls of the plan the step ran: a table prices a step the
+    engine recorded exactly as it priced the plan."""
+    calls = EngineCalls(has_state=False, shapes="pow2", token_budget=32, max_running=8,
+                        max_len=64, page_size=8)
+    plan = Plan(3, prefill=[Chunk(1, 0, tuple(range(13)), True),
+                            Chunk(5, 8, tuple(range(3)), False)],
+                decode=[Chunk(2, 9, (5,), True), Chunk(3, 4, (6,), True),
+                        Chunk(4, 4, (6,), True)])
+    step = Step(time=0.0, seconds=0.01, busy=0.01, prefill=((1, 13), (5, 3)), decode_rows=3,
+                preempted=0)
+    assert [c.shape for c in calls(step_plan(step))] == [c.shape for c in calls(plan)] \
+        == [(1, 16), (1, 4), (4, 1)]
+    table = TableTime({(1, 16): 0.5, (1, 4): 0.125, (4, 1): 0.25}, calls)
+    assert table(step_plan(step)) == table(plan) == 0.875
+    state = EngineCalls(has_state=True, token_budget=32, max_running=8)
+    assert [c.shape for c in state(step_plan(step))] == [c.shape for c in state(plan)]
 
 
 def test_bad_input():

@@ -10,14 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_scale_plots import AFD, MODELS, PD
 
 from microbench.commands.figures import simulate_figures
 from microbench.plots.simulate import (
     FILES,
     check_claim,
     draw_simulate,
-    pd_claim,
-    pd_winners,
     simulate_summary,
 )
 
@@ -34,65 +33,54 @@ def _means(scale: float) -> dict:
 def _check_run(policy: str, rate: float, table: float, roof: float) -> dict:
     engine = [_means(1.0), _means(1.04)]
     reqs = {k: [engine[0][k] * (0.9 + 0.1 * i) for i in range(3)] for k in MEANS}
+    spread = {"ttft_s": 0.08, "tpot_s": 0.05, "e2e_s": 0.06}
+    shapes = [{"shape": "4x1", "steps": 30, "engine_s": 0.003, "engine_p10_s": 0.0028,
+               "engine_p90_s": 0.0035, "table_s": 0.0031, "roofline_s": 0.0025},
+              {"shape": "1x64+4x1", "steps": 6, "engine_s": 0.012, "engine_p10_s": 0.011,
+               "engine_p90_s": 0.014, "table_s": 0.0125, "roofline_s": 0.009}]
+
+    def sim(scale: float) -> dict:
+        return {**_means(scale), "requests": reqs, "steps": 9, "host_s": 1e-4,
+                "mape": {k: abs(scale - 1) + 0.02 for k in MEANS}, "n": dict.fromkeys(MEANS, 3)}
+
     return {"policy": policy, "rate": rate, "rate_fraction": 0.5, "engine_runs": engine,
-            "engine": {**_means(1.02), "requests": reqs},
-            "table": {**_means(table), "requests": reqs, "steps": 9},
-            "roofline": {**_means(roof), "requests": reqs, "steps": 9}}
+            "engine": {**_means(1.02), "requests": reqs, "spread": spread,
+                       "pairs": {k: [v] for k, v in spread.items()}},
+            "table": sim(table), "roofline": sim(roof),
+            "step": {"shapes": shapes, "steps": 36, "noise": 0.04, "table_error": 0.06,
+                     "roofline_error": 0.2}}
 
 
 def _check() -> dict:
     by_model = {"ttft_s": 0.05, "tpot_s": 0.06, "e2e_s": 0.07}
+    machine = {"per_kernel_s": 1.3e-5, "chain_per_kernel_s": 6e-7}
     return {
         "check": {"models": ["tiny", "tiny+moe"], "policies": ["mixed", "static"],
-                  "rate_fractions": [0.5], "requests": 6},
-        "goals": {"ttft_s": 0.15, "tpot_s": 0.10, "e2e_s": 0.10},
-        "models": [{"model": m, "runs": [_check_run("mixed", 40.0, 1.1, 0.8),
-                                         _check_run("static", 40.0, 0.95, 1.3)]}
+                  "rate_fractions": [0.5], "requests": 6, "engine_repeats": 5},
+        "targets": {"spread_factor": 1.2, "spread_max": 0.15,
+                    "step_error": {"table": 0.10, "roofline": 0.25}},
+        "models": [{"model": m, "machine": machine,
+                    "runs": [_check_run("mixed", 40.0, 1.1, 0.8),
+                             _check_run("static", 40.0, 0.95, 1.3)]}
                    for m in ("tiny", "tiny+moe")],
-        "errors": {"table": {"runs": 4, "ttft_s": 0.123, "tpot_s": 0.045, "e2e_s": 0.067,
-                             "ttft_per_request": 0.2, "tpot_per_request": 0.11,
-                             "e2e_per_request": 0.09, "meets_goals": True,
-                             "by_model": {"tiny": by_model, "tiny+moe": by_model}},
-                   "roofline": {"runs": 4, "ttft_s": 0.456, "tpot_s": 0.25, "e2e_s": 0.3,
-                                "ttft_per_request": 0.5, "tpot_per_request": 0.3,
-                                "e2e_per_request": 0.35, "meets_goals": False,
-                                "by_model": {"tiny": by_model}},
-                   "engine_vs_engine": {"runs": 4, "ttft_s": 0.031, "tpot_s": 0.02,
-                                        "e2e_s": 0.025}},
+        "errors": {"traces": 4, "pairs": 40, "spread_ok": True,
+                   "spread": {"ttft_s": 0.1, "tpot_s": 0.05, "e2e_s": 0.08},
+                   "table": {"traces": 4, "ttft_s": 0.123, "ttft_ratio": 1.23,
+                             "tpot_s": 0.045, "tpot_ratio": 0.9, "e2e_s": 0.067,
+                             "e2e_ratio": 0.8375, "within_spread": False,
+                             "step_error": 0.061, "step_p90": 0.2, "steps": 144,
+                             "step_ok": True, "by_model": {"tiny": by_model,
+                                                           "tiny+moe": by_model}},
+                   "roofline": {"traces": 4, "ttft_s": 0.456, "ttft_ratio": 4.56,
+                                "tpot_s": 0.25, "tpot_ratio": 5.0, "e2e_s": 0.3,
+                                "e2e_ratio": 3.75, "within_spread": False,
+                                "step_error": 0.31, "step_p90": 0.5, "steps": 144,
+                                "step_ok": False, "by_model": {"tiny": by_model}},
+                   "step_noise": 0.04},
         "peaks_machine": "Test CPU 9000"}
 
 
-def _design(name: str, prefill: int, decode: int, goodput_per_chip: float) -> dict:
-    return {"design": name, "prefill": prefill, "decode": decode, "instances": 4, "chips": 4,
-            "goodput_per_chip": goodput_per_chip}
-
-
-def _pd_mix(table: list[tuple[float, float, float]]) -> dict:
-    """rate -> goodput per chip of '4 colocated' and '1P3D'."""
-    return {"mix": ["chat", 512, 256], "slo": {"ttft_s": 0.1, "tpot_s": 0.02},
-            "capacity_per_instance": 5.0,
-            "rates": [{"rate": r, "rate_fraction": r / 20, "designs": [
-                _design("4 colocated", 0, 0, c), _design("1P3D", 1, 3, d)]}
-                for r, c, d in table]}
-
-
-PD_TABLE = [(5.0, 1.2, 1.0), (10.0, 2.4, 2.41), (20.0, 2.0, 3.0)]
-
-
 def _paper() -> dict:
-    assume = {"device": "H100 SXM", "tp": 2, "link": "NVLink 4", "weight_dtype": "bfloat16",
-              "kv_dtype": "bfloat16"}
-    scale_out = [{"model": "llama3-8b", "tp": 2, "capacity": 30.0, "mix": ["chat", 512, 256],
-                  "slo": {"ttft_s": 0.05, "tpot_s": 0.01}, "assumptions": assume,
-                  "runs": [{"rate": r, "goodput_per_chip": r / 3} for r in (10.0, 20.0)],
-                  "pareto": [{"max_running": b, "tokens_per_s_per_chip": 100.0 * b,
-                              "tokens_per_s_per_user": 200.0 / b ** 0.3} for b in (1, 4)]}]
-    afd_a = {"attn_chip": "H100 SXM", "link": "InfiniBand NDR", "weight_dtype": "bfloat16",
-             "kv_dtype": "bfloat16", "act_dtype": "bfloat16", "total": 32}
-    afd = [{"model": m, "moe": moe, "context": 1024, "batch": b, "n_attn": 4, "n_ffn": 4,
-            "gain": g, "assumptions": afd_a}
-           for m, moe, b, g in (("llama3-70b", False, 16, 0.9), ("qwen3-30b-a3b", True, 64,
-                                                                 1.37))]
     row = {"batch": 1, "chips": 600, "microbatches": 1, "tokens_per_s_per_user": 400.0,
            "tokens_per_s_per_chip": 0.7, "fits": True}
     gpu = {**row, "chips": 8, "tokens_per_s_per_user": 40.0, "tokens_per_s_per_chip": 5.0}
@@ -107,14 +95,9 @@ def _paper() -> dict:
                                                               "prefill_chips": 8,
                                                               "kv_link": "InfiniBand NDR",
                                                               "prompt": 4096}}}
-    return {"paper": {"slo_scale": 5.0, "context": 4096}, "scale_out": scale_out,
-            "pd": {"model": "llama3-8b", "tp": 1, "mixes": [_pd_mix(PD_TABLE)],
-                   "assumptions": {"device": "H100 SXM", "tp_per_instance": 1,
-                                   "kv_link": "InfiniBand NDR", "kv_dtype": "bfloat16",
-                                   "weight_dtype": "bfloat16", "routing": "round-robin",
-                                   "prefill_policy": "prefill-first",
-                                   "colocated_policy": "mixed"}},
-            "afd": afd, "sram": sram}
+    # scale-out, PD and AFD: the synthetic results of test_scale_plots
+    return {"paper": {"context": 4096}, "scale_out": MODELS, "pd": PD, "afd": AFD,
+            "sram": sram}
 
 
 def _result() -> dict:
@@ -144,42 +127,41 @@ def test_absent_parts_draw_no_figure(tmp_path, drop, expected):
 
 def test_summary_carries_the_mape_and_paper_numbers():
     text = simulate_summary(_result())
-    # run means, per request, goals, meets; the noise floor; per model
-    assert "| table sim | 4 | 12.3% | 4.5% | 6.7% | 20.0% | 11.0% | 9.0% | yes |" in text
-    assert "| roofline sim | 4 | 45.6% | 25.0% | 30.0% |" in text and "| no |" in text
-    assert "| goal |  | <= 15.0% | <= 10.0% | <= 10.0% |" in text
-    assert "TTFT 3.1%, TPOT 2.0%, E2E 2.5%" in text
-    assert "| tiny+moe | table sim | 5.0% | 6.0% | 7.0% |" in text
-    assert "| 20 | 1P3D | 3 | 2 |" in text  # PD: best design per rate
-    assert "| qwen3-30b-a3b | MoE | bfloat16 | 1024 | 64 | 4:4 | 1.37x |" in text
+    # per metric: the engine's spread beside each simulator's MAPE and their ratio
+    assert "| TTFT | 10.0% | 12.3% | 1.23x | 45.6% | 4.56x |" in text
+    assert "| TPOT | 5.0% | 4.5% | 0.90x | 25.0% | 5.00x |" in text
+    assert "median of 40 pairs" in text and "Each trace run 5 times" in text
+    # per step, against each predictor's target; the engine's own step noise
+    assert "| table sim | 6.1% | 20.0% | 144 | <= 10.0% | yes |" in text
+    assert "| roofline sim | 31.0% | 50.0% | 144 | <= 25.0% | no |" in text
+    assert "step noise (each step against the median of its shape): 4.0%" in text
+    assert "13.0 us (tiny)" in text and "0.6 us per kernel" in text
+    # per trace
+    assert "| tiny+moe | static | 0.5 | 8.0% | 5.0% | 6.0% | 7.0% | 7.0% | 7.0% | 6.0% | " \
+        "20.0% | 4.0% |" in text
+    assert "| 1P3D | 10 | 2.5 |" in text  # PD: requests/s per chip sustained per SLO
+    assert ("| moe-30b | MoE | bfloat16 | 1024 | 16 | 16:16 | EP 32 (attention TP 2) | "
+            "15.0 / 29.0 | 0.78x |") in text
     assert "| llama3-70b | Groq LPU | 615 | 614 |" in text
     no_check = {k: v for k, v in _result().items() if k != "check"}
     assert "MAPE" not in simulate_summary(no_check)
 
 
-def test_pd_claim_names_the_winner_at_each_rate():
-    mix = _pd_mix(PD_TABLE)
-    # 5/s: colocated; 10/s: within 1% (a tie); 20/s: 1P3D
-    assert [w for _, w, _ in pd_winners(mix)] == [["4 colocated"], ["4 colocated", "1P3D"],
-                                                 ["1P3D"]]
-    assert pd_claim(mix) == ("4 colocated at 5 requests/s; 4 colocated = 1P3D at 10 "
-                             "requests/s; 1P3D at 20 requests/s")
-    same = _pd_mix([(5.0, 2.0, 1.0), (10.0, 3.0, 1.0)])
-    assert pd_claim(same) == "4 colocated at every rate (5-10 requests/s)"
-    nobody = _pd_mix([(5.0, 0.0, 0.0)])
-    assert pd_claim(nobody).startswith("no design meets the SLOs")
-
-
-def test_check_claim_follows_the_goals_and_the_noise_floor():
-    check = _check()  # table meets, roofline misses; noise 2-3% under the goals
-    assert check_claim(check) == "table sim meets the MAPE goals"
-    check["errors"]["table"]["meets_goals"] = False
-    check["errors"]["engine_vs_engine"]["tpot_s"] = 0.17  # over the 10% TPOT goal
-    assert check_claim(check) == ("neither simulator meets the MAPE goals; the engine's own "
-                                  "noise exceeds them (TPOT)")
-    check["errors"]["roofline"]["meets_goals"] = True
-    check["errors"]["table"]["meets_goals"] = True
-    assert check_claim(check).startswith("table sim and roofline sim meet the MAPE goals")
+def test_check_claim_follows_the_spread_and_the_step_targets():
+    check = _check()  # TTFT 1.23x over 1.2x; table per step met, roofline missed
+    assert check_claim(check) == (
+        "table sim outside 1.2x the engine's own spread (TTFT 1.23x); table sim per step "
+        "6.1% (target <= 10.0%: met); roofline sim per step 31.0% (target <= 25.0%: missed)")
+    check["errors"]["table"].update(within_spread=True, ttft_ratio=1.1)
+    check["errors"]["spread"]["tpot_s"] = 0.17  # over the 15% target on this machine
+    check["errors"]["table"]["step_ok"] = False
+    claim = check_claim(check)
+    assert claim.startswith("table sim within 1.2x the engine's own spread (TTFT 1.10x, "
+                            "TPOT 0.90x, E2E 0.84x)")
+    assert "(target <= 10.0%: missed)" in claim
+    assert claim.endswith("the engine's own spread is over 15.0% on this machine (TPOT 17.0%)")
+    del check["errors"]["table"]
+    assert check_claim(check).startswith("no table simulator ran")
 
 
 def test_figures_command_draws_simulate_json_when_present(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 
 from microbench.commands.figures import speculative_figures
 from microbench.plots.speculative import (
+    batch_cause,
     best_claim,
     break_even,
     draw_speculative,
@@ -149,3 +150,23 @@ def test_figures_command_redraws_saved_data(result, tmp_path, monkeypatch):
     assert sorted(p.name for p in written) == ["speculative.md", "speculative.png"]
     assert _png(out / "speculative.png")
     assert "1.55x" in (out / "speculative.md").read_text()
+
+
+def test_batch_cause_is_measured_and_on_the_figure_and_summary(result, tmp_path):
+    """Why v is what it is at the largest batch, from the data: the verify's place against
+    the ridge, the v the roofs give, and how far below its roof each step ran."""
+    r = copy.deepcopy(result)  # batch 64: decode 1 ms, verify 4.6 ms on 64x the batch-1 FLOPs
+    cause = batch_cause(r)
+    # ridge 5; decode 64 MFLOP at 32 FLOP/B: 0.64 ms on the roofs; verify (k=4) 448 MFLOP at
+    # 96 FLOP/B: 4.48 ms
+    assert cause == ("batch 64: verify (k=4) at 96.0 FLOP/B, past the ridge (5.00); on the "
+                     "roofs v = 7.00, measured v = 4.60: decode ran at 64% of its roof, "
+                     "verify at 97%, so the verify's extra FLOPs cost less than the roofs say")
+    r["batch"][-1].update(verify_ratio=1.8, verify_s=1.44e-3, decode_s=8e-4)
+    cause = batch_cause(r)
+    assert "measured v = 1.80: decode ran at 80% of its roof" in cause
+    assert cause.endswith("so the verify's extra FLOPs cost less than the roofs say")
+    assert cause in speculative_summary(r)
+    draw_speculative(r, tmp_path)
+    r.pop("roofs")
+    assert batch_cause(r) is None and "Why, measured" not in speculative_summary(r)

@@ -1,4 +1,5 @@
-"""`figures`: redraw every figure of figures/ from the results saved in figures/data."""
+"""`figures`: redraw every figure of figures/ from the results saved in figures/data: each
+machine's folder figures/data/<machine>/ into figures/<machine>/, one machine per figure."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ from pathlib import Path
 
 def add_args(p) -> None:
     p.add_argument("--data", default="figures/data",
-                   help="folder with peaks.json, phases.json (and serve.json, simulate.json, "
-                        "speculative.json, quant.json, collectives.json, parallel.json, "
-                        "decode.json when present)")
-    p.add_argument("--out", default="figures", help="output folder")
+                   help="one machine's folder of results (peaks.json, phases.json, serve.json, "
+                        "simulate.json, speculative.json, quant.json, collectives.json, "
+                        "parallel.json, decode.json: those present), or a folder of such "
+                        "folders, one per machine (figures/data/<machine>/)")
+    p.add_argument("--out", default="figures",
+                   help="output folder (a folder of folders of results: OUT/<machine>/)")
 
 
 def run(args) -> int:

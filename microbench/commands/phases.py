@@ -57,6 +57,7 @@ def add_args(p) -> None:
 
 def _peaks(args, parser_error, out_dir) -> dict:
     """The saved peaks (--peaks, else OUT/peaks.json), or quick ones measured into out_dir."""
+    from microbench import machines
     from microbench.schema import KIND_PEAKS, read_result
 
     path = Path(args.peaks) if args.peaks else Path(args.out) / "peaks.json"
@@ -64,6 +65,10 @@ def _peaks(args, parser_error, out_dir) -> dict:
         result = read_result(path)
         if result["kind"] != KIND_PEAKS:
             parser_error(f"--peaks {path}: kind {result['kind']!r}, expected {KIND_PEAKS!r}")
+        theirs, here = machines.result_machine(result), machines.this_machine()
+        if theirs is not None and theirs != here:  # the phases are drawn on these roofs
+            parser_error(f"--peaks {path}: measured on {theirs}, and this machine is {here}; "
+                         "phases are predicted with their own machine's roofs")
         return result
     if args.peaks:
         parser_error(f"--peaks {path}: no such file")

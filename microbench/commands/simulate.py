@@ -1,20 +1,20 @@
-"""`simulate`: the simulator checked against the engine on this machine (MAPE of TTFT, TPOT
-and end-to-end latency), then serving at scale on paper: real models on spec chips with
-tensor parallelism, prefill/decode and attention-FFN disaggregation, SRAM-only chips."""
+"""`simulate`: the simulator checked against the engine on this machine (each trace run
+several times on the engine: the engine's own spread printed beside each simulator's MAPE of
+TTFT, TPOT and end-to-end latency, and each predictor's per-step error), then serving at
+scale on paper: real models on spec chips with tensor parallelism, prefill/decode and
+attention-FFN disaggregation, SRAM-only chips."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from pathlib import Path
 
 from microbench.commands.study import add_output, finish, floats, names, progress_bar
 
 PARTS = ("check", "paper")
-DEFAULT_PEAKS = "results/microbench/peaks.json"  # where `python -m microbench run` puts it
 QUICK_CHECK = dict(models=("tiny", "tiny+moe"), policies=("mixed",), rate_fractions=(0.5,),
                    requests=6, system_len=64, prompt_len=16, output_len=8, page_size=8,
-                   token_budget=32, max_running=4, table_repeats=2, engine_repeats=2)
+                   token_budget=32, max_running=4, table_repeats=2, engine_repeats=5)
 QUICK_PAPER = dict(models=("llama3-8b",), mixes=(("chat", 256, 32),), rate_fractions=(0.5,),
                    requests=16, batch_caps=(1, 16), pd_designs=((1, 1),),
                    afd_models=("qwen3-30b-a3b",), afd_chips=8, sram_batches=(1, 8),
@@ -27,9 +27,10 @@ OPTIONS = {
                  "optionally +<attention kind> or +moe"),
     "--policies": ("check", "policies", names, "scheduler policies of the check"),
     "--rate-fractions": ("check", "rate_fractions", floats,
-                         "check rates as fractions of the naive capacity"),
+                         "check rates as fractions of each policy's saturation throughput"),
     "--requests": ("check", "requests", int, "requests per check run"),
-    "--engine-repeats": ("check", "engine_repeats", int, "engine runs per trace"),
+    "--engine-repeats": ("check", "engine_repeats", int, "engine runs per trace (their "
+                         "spread is what a simulator is judged against; at least 2)"),
     "--device": ("paper", "device", str, "hardware database device of the on-paper studies"),
     "--paper-models": ("paper", "models", names, "presets of the scale-out study"),
     "--pd-model": ("paper", "pd_model", str, "preset of the disaggregation study"),
@@ -48,8 +49,9 @@ def add_args(p) -> None:
         p.add_argument(option, type=kind, default=None, help=f"{text} ({part}.{field})")
     p.add_argument("--peaks", default=None,
                    help="peaks.json with this machine's roofs for the roofline predictor "
-                        "(default: results/microbench/peaks.json if present, else measured "
-                        "now with peaks --quick, about 1.5 minutes)")
+                        "(default: results/microbench/peaks.json, else figures/data/<this "
+                        "machine>/peaks.json, each only if this kind of machine measured it; "
+                        "else measured now with peaks --quick, about 1.5 minutes)")
     p.add_argument("--quick", action="store_true",
                    help="tiny models and few requests: about a minute")
     add_output(p, "results/simulate")
@@ -105,13 +107,11 @@ def field_attr(option: str) -> str:
 
 
 def _peaks_path(args) -> str | None:
-    """The peaks.json to read, or None to measure now; a named file that is missing fails
-    here, before anything runs."""
-    if args.peaks is not None:
-        if not Path(args.peaks).is_file():
-            raise ValueError(f"--peaks {args.peaks}: no such file")
-        return args.peaks
-    return DEFAULT_PEAKS if Path(DEFAULT_PEAKS).is_file() else None
+    """The peaks.json to read, or None to measure now: study.peaks_file (--peaks, else the
+    first default place this kind of machine measured; another machine's file is refused)."""
+    from microbench.commands.study import peaks_file
+
+    return peaks_file(args.peaks)
 
 
 def _peaks(path: str | None, progress) -> dict:

@@ -18,8 +18,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 # Where a study finds this machine's roofs when --peaks is not given: the main job's output,
-# then the committed ones.
-DEFAULT_PEAKS = ("results/microbench/peaks.json", "figures/data/peaks.json")
+# then the committed ones of this kind of machine (figures/data/<machine>/), each only when it
+# was measured on this kind of machine.
+DEFAULT_PEAKS = ("results/microbench/peaks.json", "figures/data/<machine>/peaks.json")
 
 
 def names(text: str) -> tuple[str, ...]:
@@ -61,16 +62,37 @@ def progress_bar(desc: str, total: int | None = None, unit: str = "part"
         yield progress
 
 
+def peaks_file(path: str | None) -> str | None:
+    """The peaks.json a study predicts with: --peaks, else the first of DEFAULT_PEAKS that
+    exists and was measured on this kind of machine; None when there is none. A named file
+    that is missing, or that another kind of machine measured, fails here, before anything is
+    measured: a study's figure shows one machine."""
+    from microbench import machines
+    from microbench.files import read_json
+
+    here = machines.this_machine()
+    if path is not None:
+        if not Path(path).is_file():
+            raise ValueError(f"--peaks {path}: no such file")
+        theirs = machines.result_machine(read_json(path))
+        if theirs is not None and theirs != here:
+            raise ValueError(f"--peaks {path}: measured on {theirs}, and this machine is "
+                             f"{here}; a study predicts with its own machine's roofs")
+        return str(path)
+    for candidate in DEFAULT_PEAKS:
+        candidate = candidate.replace("<machine>", here or "unknown")
+        if Path(candidate).is_file() and machines.result_machine(read_json(candidate)) == here:
+            return candidate
+    return None
+
+
 def saved_roofs(path: str | None) -> dict | None:
-    """The roofs a study predicts with (speculative.roofs_from_peaks) from --peaks, else from
-    the first of DEFAULT_PEAKS that exists; None when there is none. A named file that is
-    missing fails here, before anything is measured."""
+    """The roofs a study predicts with (speculative.roofs_from_peaks) from peaks_file(path);
+    None when there is none."""
     from microbench.files import read_json
     from microbench.studies.speculative import roofs_from_peaks
 
-    if path is not None and not Path(path).is_file():
-        raise ValueError(f"--peaks {path}: no such file")
-    path = path or next((p for p in DEFAULT_PEAKS if Path(p).is_file()), None)
+    path = peaks_file(path)
     return roofs_from_peaks(read_json(path), path) if path else None
 
 

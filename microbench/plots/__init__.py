@@ -14,15 +14,17 @@ Modules, each importing only those before it (no cycle):
     breakdown.py    the per-op breakdown figure (breakdown.json; `python -m
                     microbench.plots.breakdown breakdown.json [out.png]`)
     serving.py      the serve_*.png figures and serve.md (serve.json)
-    simulate.py     the simulate_*.png figures and simulate.md (simulate.json: the simulator
-                    against the engine, and the on-paper studies)
+    simulate.py     the simulate_*.png figures and simulate.md (simulate.json): the
+                    simulator against the engine, then the on-paper studies from scale.py
+    scale.py        simulate_scale/pd/afd/sram.png and their summary: serving at scale on
+                    paper, against published SLOs and colocated baselines
     speculative.py  speculative.png and speculative.md (speculative.json)
     quant.py        quant.png and quant.md (quant.json)
     collectives.py  collectives.png and collectives.md (collectives.json)
     parallel.py     parallel_tp.png, parallel_ep.png and parallel.md (parallel.json)
     decode.py       decode.png and decode.md (decode.json: the decode race)
     summary.py      summary.md and the speed report's lines (peaks.json, phases.json)
-    results.py      the README's results table, one row per study (every result file)
+    results.py      the README's results table, one row per study and machine
     saved.py        which module draws each study's result; `redraw_all` is what `python -m
                     microbench figures` draws, `draw_study` what a study command ends in
 

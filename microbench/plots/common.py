@@ -29,6 +29,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 from matplotlib.transforms import Bbox  # noqa: E402
 
+from microbench import machines  # noqa: E402
 from microbench.files import readable  # noqa: E402
 from microbench.schema import read_result  # noqa: E402
 
@@ -71,21 +72,16 @@ def md_table(header: list[str], rows: list[list]) -> list[str]:
 
 
 def made_by(env: dict | None, ops: str | None = None) -> str:
-    """Which machine and backend made a result, from its environment block: 'AMD EPYC
-    (AuthenticAMD), 2 cores; JAX cpu backend (jax 0.10.2)', then '; model ops: OPS' when
-    given (a phase point's `backend`, claims.backends)."""
+    """Which machine, backend and day made a result, from its environment block: 'AMD EPYC,
+    family 25 model 17 (Zen 4 (Genoa)), 2 cores; JAX cpu backend (jax 0.10.2); YYYY-MM-DD',
+    then '; model ops: OPS' when given (a phase point's `backend`, claims.backends)."""
     env = env or {}
-    if not env.get("backend") and not env.get("cpu_model"):
-        machine = "machine not recorded"
-    else:
-        vendor = (env.get("cpu_id") or {}).get("vendor")
-        machine = (env.get("cpu_model") or "unknown CPU") + (f" ({vendor})" if vendor else "")
-        if env.get("cpu_count"):
-            machine += f", {env['cpu_count']} cores"
-        if env.get("backend") not in (None, "cpu") and env.get("device_kind"):
-            machine = f"{env.get('device_count') or 1} x {env['device_kind']} on {machine}"
+    machine = machines.describe(env)
+    if machine != "machine not recorded":
         jax = f" (jax {env['jax_version']})" if env.get("jax_version") else ""
         machine += f"; JAX {env.get('backend') or '?'} backend{jax}"
+        if env.get("date_utc"):
+            machine += f"; {str(env['date_utc'])[:10]}"
     return machine + (f"; model ops: {ops}" if ops else "")
 
 

@@ -95,7 +95,7 @@ class Notes:
         ratio = point.get("measured_over_predicted")
         if ratio is None or BAND[0] <= ratio <= BAND[1]:
             return None
-        reason = short_reason(point.get("outside_reason") or "unexplained")
+        reason = short_reason(point.get("outside_reason") or "unexplained", ratio)
         self.reasons.setdefault(reason, {})[self._id(point)] = ratio
         return list(self.reasons).index(reason) + 1
 

@@ -193,6 +193,53 @@ def kv_claim(result: dict) -> str:
     return f"decode at {ctx:,} cached tokens, batch {rows[0]['batch']}: " + ", ".join(parts)
 
 
+def _short_step(result: dict, row: dict) -> dict | None:
+    """The float32 decode step at row's batch at the decode context, float cache: the same
+    weights read with a short cache, what a long-context step adds its cache time to."""
+    ctx = decode_context(result)
+    return next((r for r in _steps(result) if r["precision"] == "float32"
+                 and r["phase"] == "decode" and r["batch"] == row["batch"]
+                 and r["context"] == ctx and r.get("kv_format", "none") == "none"), None)
+
+
+def kv_cause(result: dict) -> str | None:
+    """Why a KV format's measured speedup differs from its bytes ratio, from the data: the
+    long-context step's time beyond the short-context step of the same weights is its cache's
+    time; the float cache's bandwidth there against the short step's, that time's share of
+    the step, and each format's cache bytes and cache time against the float cache's. None
+    without a float-cache long step and a short step to subtract."""
+    rows = kv_rows(result)
+    base = next((r for r in rows if r.get("kv_format", "none") == "none"), None)
+    short = _short_step(result, base) if base else None
+    if base is None or short is None or base["context"] <= short["context"] or \
+            not base.get("kv_bytes") or short.get("kv_bytes") is None:
+        return None
+    extra_t = base["seconds"] - short["seconds"]
+    extra_kv = base["kv_bytes"] - short["kv_bytes"]
+    if extra_t <= 0 or extra_kv <= 0:
+        return None
+    text = (f"the float32 cache's {_mb(extra_kv)} MB more than at {short['context']:,} tokens "
+            f"cost {_ms(extra_t)} ms more ({_gbs(extra_kv / extra_t)}, where the "
+            f"{short['context']:,}-token step read its bytes at "
+            f"{_gbs(short['bytes'] / short['seconds'])}): the cache is "
+            f"{extra_t / base['seconds']:.0%} of the {base['context']:,}-token step's time, so "
+            f"a cache format's speedup follows its cache time, not the step's total bytes")
+    parts = []
+    for r in rows:
+        if r is base or not r.get("kv_bytes") or r.get("seconds") is None:
+            continue
+        own = r["seconds"] - short["seconds"]
+        if own <= 0:
+            how = "no time beyond the short step"
+        elif own <= extra_t:
+            how = f"cache time {num(extra_t / own)}x shorter"
+        else:
+            how = f"cache time {num(own / extra_t)}x longer"
+        parts.append(f"{r['kv_format']} KV {num(base['kv_bytes'] / r['kv_bytes'])}x fewer cache "
+                     f"bytes, {how}")
+    return text + (": " + "; ".join(parts) if parts else "")
+
+
 def formulation_claim(result: dict, rows: int) -> str:
     """At `rows` activation rows: the float32 dot's bandwidth, the fastest quantized
     formulation and refmodel's own quantized formulations, each with its speedup."""
@@ -484,6 +531,9 @@ def quant_summary(result: dict) -> str:
     lines += ["", f"## steps: model {steps.get('model', '?')}", ""]
     lines += [f"{step_claim(result, b)}." for b in decode_batches(result)]
     lines += [f"{kv_claim(result)}."]
+    cause = kv_cause(result)
+    if cause:
+        lines += [f"Why, measured: {cause}."]
     rows = _steps(result)
     predicted = any(r.get("measured_over_predicted") is not None for r in rows)
     header = ["precision", "phase", "batch", "context", "KV", "ms", "speedup", "bytes ratio",

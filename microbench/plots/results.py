@@ -1,7 +1,8 @@
-"""The README's results table: one row per study, read from its saved result in `figures/data`.
+"""The README's results table: one row per study and machine, read from its saved result in
+`figures/data/<machine>/`.
 
 Each row names the machine, date and backend that made it, from the result file's own
-environment block (a study measured on another machine says so in its row), so the table can
+environment block, and links the summary drawn from it (figures/<machine>/), so the table can
 hold results from more than one machine without mixing them. `python -m
 microbench.plots.results [DATA_DIR]` prints it; tests/test_readme.py checks the README holds
 exactly this text between its `results:start` and `results:end` markers.
@@ -13,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from microbench import hardware
+from microbench import machines
 from microbench.roofline import BAND
 
 HEADER = ("| study | what this machine showed | machine | date | backend |\n"
@@ -22,12 +23,7 @@ HEADER = ("| study | what this machine showed | machine | date | backend |\n"
 
 def machine(env: dict) -> str:
     """'AMD EPYC, family 25 model 17 (Zen 4 (Genoa)), 2 cores' from an environment block."""
-    cpu = env.get("cpu_id") or {}
-    flags = env.get("isa_flags") if isinstance(env.get("isa_flags"), dict) else None
-    arch = hardware.microarchitecture(cpu, flags) if cpu else None
-    where = f", family {cpu['family']} model {cpu['model']}" if cpu else ""
-    name = f" ({arch['name']})" if arch else ""
-    return f"{env.get('cpu_model', '?')}{where}{name}, {env.get('cpu_count', '?')} cores"
+    return machines.describe(env)
 
 
 def _env_cells(env: dict, backend: str | None = None) -> str:
@@ -87,29 +83,32 @@ def _collectives(d: dict) -> str:
             f"{best['busbw']['median'] / 1e9:.2f} GB/s bus bandwidth: a memory copy, not a link")
 
 
-STUDIES = (  # (result file, row name, headline)
-    ("peaks", "roofs (`microbench peaks`)", _peaks),
-    ("phases", "phases (`microbench phases`)", _phases),
-    ("decode", "decode race (`microbench decode`)", _decode),
-    ("serve", "serving (`microbench serve`)", _serve),
-    ("simulate", "simulator (`microbench simulate`)", _simulate),
-    ("speculative", "speculative (`microbench speculative`)", _speculative),
-    ("collectives", "collectives (`microbench collectives`)", _collectives),
+STUDIES = (  # (result file, row name, headline, summary drawn from it)
+    ("peaks", "roofs (`microbench peaks`)", _peaks, "summary.md"),
+    ("phases", "phases (`microbench phases`)", _phases, "summary.md"),
+    ("decode", "decode race (`microbench decode`)", _decode, "decode.md"),
+    ("serve", "serving (`microbench serve`)", _serve, "serve.md"),
+    ("simulate", "simulator (`microbench simulate`)", _simulate, "simulate.md"),
+    ("speculative", "speculative (`microbench speculative`)", _speculative, "speculative.md"),
+    ("collectives", "collectives (`microbench collectives`)", _collectives, "collectives.md"),
 )
 
 
 def table(data: Path) -> str:
-    """The markdown table of every study whose result is in `data`."""
+    """The markdown table of every study saved under `data`, one machine folder after another;
+    each row links its summary in figures/<machine>/ (paths relative to the repository)."""
     lines = [HEADER]
-    for name, label, headline in STUDIES:
-        path = Path(data) / f"{name}.json"
-        if not path.exists():
-            continue
-        d = json.loads(path.read_text())
-        backends = sorted({p.get("backend", "xla") for p in d.get("points", [])})
-        backend = d.get("report", {}).get("backend") or ", ".join(backends) or None
-        env = _env_cells(d.get("environment") or {}, backend)
-        lines.append(f"| {label} | {headline(d)} | {env} |")
+    for folder in machines.machine_folders(data):
+        for name, label, headline, summary in STUDIES:
+            path = Path(folder) / f"{name}.json"
+            if not path.exists():
+                continue
+            d = json.loads(path.read_text())
+            backends = sorted({p.get("backend", "xla") for p in d.get("points", [])})
+            backend = d.get("report", {}).get("backend") or ", ".join(backends) or None
+            env = _env_cells(d.get("environment") or {}, backend)
+            link = f"[{label}](figures/{folder.name}/{summary})"
+            lines.append(f"| {link} | {headline(d)} | {env} |")
     return "\n".join(lines) + "\n"
 
 

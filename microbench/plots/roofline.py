@@ -10,6 +10,7 @@ rather than as roofs.
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections.abc import Sequence
 
@@ -33,6 +34,29 @@ from microbench.plots.common import (
 from microbench.roofline import main_roofs, ridge
 from microbench.schema import KIND_PEAKS
 
+INTEGER = re.compile(r"\bu?int\d")
+
+
+def integer_roof(roof: dict) -> bool:
+    """True for a compute roof of integer arithmetic (an int8 GEMM): it does operations, not
+    floating-point ones, so its rate is OP/s and its ridge OP/B."""
+    return str(roof.get("dtype") or "").startswith(("int", "uint")) or \
+        bool(INTEGER.search(str(roof.get("name") or "")))
+
+
+def rate_unit(roof: dict) -> str:
+    """'OP/s' for an integer compute roof, 'FLOP/s' for another, 'B/s' for a memory roof."""
+    if roof.get("kind") == "memory":
+        return "B/s"
+    return "OP/s" if integer_roof(roof) else "FLOP/s"
+
+
+def ridge_label(ridge: dict, compute: dict | None = None) -> str:
+    """A ridge's label ('ridge 9.42 OP/B = GEMM int8 / DRAM read-only'): per byte in the
+    compute roof's own unit (its name, or the `compute` roof it was made from)."""
+    unit = "OP/B" if integer_roof(compute or {"name": ridge.get("compute")}) else "FLOP/B"
+    return f"ridge {ridge['flops_per_byte']:.3g} {unit} = {ridge['compute']} / {ridge['memory']}"
+
 
 def _spec_roofs(spec: dict | None) -> tuple[list[dict], list[dict]]:
     """Vendor/theoretical ceilings of a result's spec block, as roof-like dicts."""
@@ -45,9 +69,11 @@ def _spec_roofs(spec: dict | None) -> tuple[list[dict], list[dict]]:
         how = spec["name"]
         if der:
             per_cycle = der["flop_per_cycle_per_core"][dt]
-            how = (f"{der['cores']} cores x {per_cycle:g} FLOP/cycle x "
+            op = "OP" if dt.startswith("int") else "FLOP"
+            how = (f"{der['cores']} cores x {per_cycle:g} {op}/cycle x "
                    f"{der['clock_hz'] / 1e9:.2f} GHz")
-        comp.append({"name": f"{dt} peak ({how})", "value": v, "label_kind": kind})
+        comp.append({"name": f"{dt} peak ({how})", "value": v, "label_kind": kind,
+                     "dtype": dt})
     mem = [{"name": f"{lvl} ({spec['name']})", "value": v, "label_kind": kind}
            for lvl, v in spec["memory_bandwidth"].items()]
     return comp, mem
@@ -63,7 +89,7 @@ def _draw_ridges(ax, compute: list[dict], memory: list[dict], color):
         rd = ridge(gemm, mem)
         x = rd["flops_per_byte"]
         ax.plot([x], [gemm["value"]], marker="D", ms=7, color=color, mec="black", zorder=5)
-        ax.annotate(rd["label"], (x, gemm["value"]), textcoords="offset points",
+        ax.annotate(ridge_label(rd, gemm), (x, gemm["value"]), textcoords="offset points",
                     xytext=(8, -16 - 12 * n), fontsize=8.5)
 
 
@@ -77,12 +103,20 @@ def _draw_compiler(ax, result: dict, prefix: str, flops_max: float | None):
             end = min(X_RANGE[1], flops_max / r["value"]) if flops_max else X_RANGE[1]
             xs = [X_RANGE[0], end]
             ax.plot(xs, [r["value"] * x for x in xs], color="0.45", ls=":", lw=1.2)
-    unit = {"compute": "FLOP/s", "memory": "B/s"}
-    names = ", ".join(f"{r['name']} {fmt_si(r['value'], unit[r['kind']])}"
+    names = ", ".join(f"{r['name']} {fmt_si(r['value'], rate_unit(r))}"
                       for r in result["roofs"].get("compiler", [])[:3])
     if names:
         ax.plot([], [], color="0.45", ls=":", lw=1.2,
                 label=f"{prefix}compiler level, not a roof: {names}")
+
+
+def _integer_label(artists) -> None:
+    """An integer GEMM's roof does operations, not floating-point ones: its legend entry says
+    OP/s (common.draw_compute_roof writes every compute roof's value in FLOP/s)."""
+    for a in artists:
+        label = a.get_label()
+        if label and not label.startswith("_"):
+            a.set_label(label.replace("FLOP/s", "OP/s"))
 
 
 def _draw_intensity(ax, result: dict, color, prefix: str):
@@ -135,7 +169,10 @@ def _draw_one(ax, result: dict, i: int, color_of, prefix: str):
     j = 0
     for roofs_, draw, end, dashed in layers:
         for roof in roofs_:
+            before = len(ax.collections)
             draw(ax, roof, end, color_of(i, j), prefix, dashed=dashed)
+            if draw is draw_compute_roof and integer_roof(roof):
+                _integer_label(ax.collections[before:])
             j += 1
     _draw_ridges(ax, compute, memory, color_of(i, 0))
     _draw_compiler(ax, result, prefix, flops_max)
@@ -169,7 +206,7 @@ def roofline_figure(results: Sequence[dict], title: str | None = None) -> Figure
     if tops and bottoms:
         ax.set_ylim(min(bottoms) / 2, max(tops) * 3)
     ax.set_xlabel("Arithmetic intensity (FLOP / byte)")
-    ax.set_ylabel("Performance (FLOP / s)")
+    ax.set_ylabel("Performance (FLOP / s; an integer GEMM: OP / s)")
     names = "; ".join(f"{r['machine']} ({r['environment'].get('date_utc', '?')[:10]})"
                       for r in results)
     fig.suptitle(title or f"Roofline measured on {names}", fontsize=14)

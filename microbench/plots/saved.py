@@ -2,6 +2,10 @@
 one study (`draw_study`, what a study command ends in and what `figures` redraws), and every
 file of figures/ from figures/data (`redraw_all`, `python -m microbench figures`).
 
+Saved results live per machine (`figures/data/<machine>/`, machines.slug) and each folder's
+figures go to `figures/<machine>/`: a figure reads one folder, and a folder whose files come
+from two machines is refused before anything is drawn (machines.check_one_machine).
+
 A study's plots module is imported by name when it is drawn, and its draw and summary
 functions are looked up then, so a study that is never drawn is never imported.
 """
@@ -12,7 +16,7 @@ import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from microbench import plots
+from microbench import machines, plots
 from microbench.files import output_set, read_json, write_text_atomic
 from microbench.plots.summary import summary_markdown
 
@@ -66,7 +70,9 @@ def redraw(name: str, out_dir, data_dir) -> list[Path]:
 
 def draw_roofline(out_dir, data_dir=None) -> list[Path]:
     """Every figure of peaks.json and phases.json (plots.draw_all) and summary.md, from
-    data_dir (default out_dir), written into out_dir as one set."""
+    data_dir (default out_dir), written into out_dir as one set; nothing without peaks.json."""
+    if not (Path(data_dir or out_dir) / "peaks.json").exists():
+        return []
     peaks, phases = plots.load_saved(data_dir or out_dir)
     with output_set(out_dir) as tmp:
         written = plots.draw_all(tmp, peaks, phases)
@@ -75,10 +81,34 @@ def draw_roofline(out_dir, data_dir=None) -> list[Path]:
     return [Path(out_dir) / p.relative_to(tmp) for p in written]
 
 
-def redraw_all(out_dir, data_dir) -> list[Path]:
-    """What `python -m microbench figures` writes: the roofline's figures and summary, then
-    each study saved in data_dir."""
+def check_folder(data_dir) -> str | None:
+    """The one machine of a folder's saved results (machines.check_one_machine over every
+    result file `figures` draws from it); ValueError before anything is drawn if it mixes."""
+    names = ["peaks", "phases", *STUDIES]
+    results = {f"{n}.json": read_json(Path(data_dir) / f"{n}.json") for n in names
+               if (Path(data_dir) / f"{n}.json").exists()}
+    return machines.check_one_machine(results, str(data_dir))
+
+
+def redraw_folder(out_dir, data_dir) -> list[Path]:
+    """One machine's folder: the roofline's figures and summary, then each study saved there."""
+    check_folder(data_dir)
     written = draw_roofline(out_dir, data_dir)
     for name in STUDIES:
         written += redraw(name, out_dir, data_dir)
     return written
+
+
+def redraw_all(out_dir, data_dir) -> list[Path]:
+    """What `python -m microbench figures` writes: data_dir's figures into out_dir when it is
+    one machine's folder (it holds result files), else each machine folder's under it into
+    out_dir/<machine>. Every folder is checked before any is drawn."""
+    folders = machines.machine_folders(data_dir)
+    if not folders:
+        raise ValueError(f"--data {data_dir}: no saved results (NAME.json) in it or in a "
+                         "folder under it")
+    for folder in folders:
+        check_folder(folder)
+    if folders == [Path(data_dir)]:
+        return redraw_folder(out_dir, data_dir)
+    return [p for f in folders for p in redraw_folder(Path(out_dir) / f.name, f)]

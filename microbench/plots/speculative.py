@@ -115,6 +115,48 @@ def break_even(result: dict) -> str:
     return f"predicted speedup falls below 1 between batch {above[-1]} and {first}"
 
 
+def _roof_time(roofs: dict, flops: float, intensity: float) -> float:
+    """Roofline time of `flops` at `intensity` FLOP/B: max(FLOPs / C, bytes / M)."""
+    return max(flops / roofs["compute"], flops / intensity / roofs["memory"])
+
+
+def batch_cause(result: dict, short: bool = False) -> str | None:
+    """Why the measured verify/decode ratio v at the largest batch is what it is, from the
+    data: where the verify's counted intensity sits against the ridge, the v the roofs would
+    give (roofline time of the verify over the decode step's), and how far below its own roof
+    each step ran (roofline time / measured time). The FLOPs of a step at batch b are b times
+    the batch-1 roofline points' (every sequence does the same work at one context). None
+    without roofs, batch rows or the batch-1 points of k = 0 and the batch k. short: one
+    line, for a panel title."""
+    rows = sorted(result.get("batch") or [], key=lambda r: r["batch"])
+    roofs = result.get("roofs") or {}
+    k = (result.get("setup") or {}).get("batch_k")
+    pts = {p["k"]: p for p in result.get("roofline") or [] if p.get("flops")}
+    if not rows or not roofs.get("compute") or not roofs.get("memory") or 0 not in pts \
+            or k not in pts:
+        return None
+    r = rows[-1]
+    if not r.get("decode_intensity") or not r.get("verify_intensity") or not r.get("decode_s"):
+        return None
+    b, ridge = r["batch"], roofs["compute"] / roofs["memory"]
+    t_dec = _roof_time(roofs, b * pts[0]["flops"], r["decode_intensity"])
+    t_ver = _roof_time(roofs, b * pts[k]["flops"], r["verify_intensity"])
+    v_roof, v = t_ver / t_dec, r["verify_ratio"]
+    side = "past" if r["verify_intensity"] > ridge else "below"
+    where = (f"batch {b}: verify (k={k}) at {num(r['verify_intensity'])} FLOP/B, {side} the "
+             f"ridge ({num(ridge)}); on the roofs v = {num(v_roof)}, measured v = {num(v)}")
+    why = (f"decode ran at {t_dec / r['decode_s']:.0%} of its roof, verify at "
+           f"{t_ver / r['verify_s']:.0%}")
+    if v < 0.8 * v_roof:
+        why += ", so the verify's extra FLOPs cost less than the roofs say"
+    elif v > 1.25 * v_roof:
+        why += ", so the verify costs more than the roofs say"
+    if short:
+        return (f"batch {b}: v = {num(v_roof)} on the roofs, {num(v)} measured: decode ran at "
+                f"{t_dec / r['decode_s']:.0%} of its roof")
+    return f"{where}: {why}"
+
+
 def _plain_log(axis, minor: bool = False) -> None:
     """Log tick labels as plain numbers (0.5, 1, 10, not 10^0); with minor also at 2, 3, 5."""
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.6g}"))
@@ -327,7 +369,9 @@ def _batch_panel(ax, result: dict) -> None:
     ax.set_xlabel("batch (sequences)")
     ax.set_ylabel("ratio (x)")
     ax.legend(loc="upper left", fontsize=8.5)
-    ax.set_title(f"(d) {break_even(result)}", fontsize=12)
+    cause = batch_cause(result, short=True)
+    ax.set_title(f"(d) {break_even(result)}" + (f"\n{cause}" if cause else ""),
+                 fontsize=12 if cause is None else 10)
 
 
 @styled
@@ -413,7 +457,8 @@ def speculative_summary(result: dict) -> str:
                                if roofs else "none recorded")]
     k = su.get("batch_k")
     lines += ["", f"## batch (k={k}, acceptance a = {num(result.get('batch_acceptance'))})", "",
-              f"{break_even(result)}.", ""]
+              f"{break_even(result)}." + (f" Why, measured: {batch_cause(result)}."
+                                          if batch_cause(result) else ""), ""]
     rows = [[r["batch"], num(r.get("verify_ratio")), num(r.get("draft_ratio")),
              times(r.get("predicted_speedup")), num(r.get("decode_intensity")),
              num(r.get("verify_intensity"))]

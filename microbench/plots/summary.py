@@ -5,8 +5,9 @@ plots.saved draws it with the figures; `phases --report` and `run` print it.
 
 from __future__ import annotations
 
-from microbench.plots.claims import BACKENDS, backends
+from microbench.plots.claims import BACKENDS, backends, reason_text
 from microbench.plots.common import fmt_si
+from microbench.plots.roofline import rate_unit, ridge_label
 from microbench.roofline import BAND
 from microbench.schema import point_sweeps
 
@@ -31,7 +32,7 @@ def roof_rows(peaks: dict) -> list[str]:
     lines = ["| roof | value | reached by | roof / best peer | rounds spread |",
              "|---|---|---|---|---|"]
     for r in peaks["roofs"]["compute"] + peaks["roofs"]["memory"]:
-        unit = "FLOP/s" if r["kind"] == "compute" else "B/s"
+        unit = rate_unit(r)  # an integer GEMM does operations: OP/s
         flag = " (SUSPECT: " + r["reason"] + ")" if r.get("suspect") else ""
         ratio = r.get("ratio_roof_over_best_peer")
         spread = (f"{r['spread']:.0%}" + (" UNSTABLE" if r["unstable"] else "")
@@ -39,11 +40,13 @@ def roof_rows(peaks: dict) -> list[str]:
         lines.append(f"| {r['name']}{flag} | {fmt_si(r['value'], unit)} | {r['source']} | "
                      f"{f'{ratio:.3f}' if ratio is not None else '-'} | {spread} |")
     for r in peaks["roofs"].get("compiler", []):
-        unit = "FLOP/s" if r["kind"] == "compute" else "B/s"
+        unit = rate_unit(r)
         lines.append(f"| compiler level: {r['name']} | {fmt_si(r['value'], unit)} | "
                      f"{r['source']} | - | - |")
     lines.append("")
-    lines += [f"- {ridge['label']}" for ridge in peaks["roofs"].get("ridges", [])]
+    compute = {r["name"]: r for r in peaks["roofs"]["compute"]}
+    lines += [f"- {ridge_label(ridge, compute.get(ridge['compute']))}"
+              for ridge in peaks["roofs"].get("ridges", [])]
     for c in (peaks.get("hierarchy") or {}).get("checks", []):
         lines.append(f"- hierarchy {c['smaller']} >= {c['larger']}: "
                      f"{'ok' if c['ok'] else 'VIOLATED: ' + c['reason']}")
@@ -101,6 +104,15 @@ def probe_lines(phases: dict) -> list[str]:
     return [line]
 
 
+def reasons(point: dict) -> str:
+    """A point's measured reasons for the table: outside the band (its op clause said as a
+    separate profile's, claims.reason_text), and above its roof."""
+    outside = point.get("outside_reason")
+    return "; ".join(filter(None, (
+        reason_text(outside, point.get("measured_over_predicted")) if outside else None,
+        point.get("reason"))))
+
+
 def summary_markdown(peaks: dict, phases: dict) -> str:
     """Markdown: the roofs, the phase points with their predictions, and the band count."""
     lines = [f"# Roofline summary: {peaks['machine']}", "",
@@ -129,7 +141,7 @@ def summary_markdown(peaks: dict, phases: dict) -> str:
         lines.append(f"| {r['label']} | {r['phase']} | {r['batch']} | {r['context']} | "
                      f"{r['FLOP/byte']:.2f} | {r['GFLOP/s']:.1f} | {r['GB/s']:.1f} | "
                      f"{r['ms']:.3f} | {r['bound']} | {r['level']} | {ratio}{flag} | "
-                     f"{'; '.join(filter(None, (p.get('outside_reason'), p.get('reason'))))} |")
+                     f"{reasons(p)} |")
     if phases.get("report"):
         lines += ["", "## Speed report", "", "```", format_report(phases["report"]), "```"]
     return "\n".join(lines) + "\n"

@@ -4,14 +4,28 @@ is the roofline bound of the stated design (chip spec peaks, dense; no launch, s
 kernel inefficiency; links at their spec bandwidth and latency), which a real engine
 approaches from below. Each result carries its assumptions.
 
+SLOs are published ones, the same for every model, policy and design: MLPerf Inference's
+llama2-70b server scenario (p99 TTFT <= 2 s, p99 TPOT <= 200 ms) and its interactive scenario
+(p99 TTFT <= 450 ms, p99 TPOT <= 40 ms), from mlcommons/inference `loadgen/mlperf.conf`
+(`llama2-70b.Server.ttft_latency = 2000`, `tpot_latency = 200`;
+`llama2-70b-interactive.Server.ttft_latency = 450`, `tpot_latency = 40`;
+`*.Server.target_latency_percentile = 99`). A run meets an SLO when the 99th percentile of
+its requests' TTFT and that of their TPOT (the mean inter-token gap of each request, as
+MLPerf's loadgen computes it) are both within it; the figure of merit is MLPerf's server
+one, the highest offered rate whose run meets it, here per chip.
+
     scale_out   each model on its smallest tensor-parallel group of one device (TP over
-                the device's scale-up link): goodput vs request rate, and the Pareto of
-                tokens/s per chip vs tokens/s per user as the batch cap grows
+                the device's scale-up link), at most `max_running` sequences per chip:
+                p99 TTFT and TPOT vs request rate (fractions of the instance's steady
+                capacity), and the Pareto of tokens/s per chip vs tokens/s per user as the
+                batch cap grows
     pd          prefill/decode disaggregation (refmodel.sim.disagg) against colocated
-                serving on the same number of chips, per prompt/output mix and rate,
-                judged by a loose and a tight TPOT SLO (the same runs); the KV of every
-                prompt crosses the device's scale-out link
-    afd         attention-FFN disaggregation vs colocated replicas (refmodel.sim.afd)
+                serving on the same number of chips, per prompt/output mix and rate, judged
+                by each SLO (the same runs); the KV of every prompt crosses the device's
+                scale-out link
+    afd         attention-FFN disaggregation vs the best colocated deployment of the same
+                chips at the same load (refmodel.sim.afd: tensor parallel on the scale-up
+                link, or expert parallel for MoE)
     sram        SRAM-only chips: chips to hold each model, decode Pareto against HBM GPUs,
                 and prefill on GPUs with decode on SRAM chips (refmodel.sim.sram)
 """
@@ -33,8 +47,11 @@ from refmodel.sim.predict import RooflineTime
 from refmodel.sim.simulator import Simulator
 
 WEIGHT_DTYPES = {"deepseek-v3": "float8"}  # trained and released in FP8; others bf16
-AFD_CONTEXTS, AFD_BATCHES = (1024, 8192), (16, 64)  # per attention chip
+AFD_CONTEXTS, AFD_BATCHES = (1024, 8192), (4, 16, 64)  # sequences per chip, either design
 MEMORY_USE = 0.9  # of a chip's memory for weights + KV (the rest: activations, runtime)
+# (name, p99 TTFT s, p99 TPOT s): MLPerf Inference, llama2-70b server and interactive
+# scenarios (mlcommons/inference loadgen/mlperf.conf; see the module docstring)
+SLOS = (("MLPerf server", 2.0, 0.2), ("MLPerf interactive", 0.45, 0.04))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,16 +62,15 @@ class Paper:
     models: tuple[str, ...] = ("llama3-8b", "llama3-70b", "qwen3-30b-a3b", "gpt-oss-120b",
                                "deepseek-v3@H200 SXM")  # preset[@device]
     mixes: tuple[tuple[str, int, int], ...] = (("chat", 512, 256), ("summarize", 2048, 64))
-    rate_fractions: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0, 1.5)
-    requests: int = 160
-    max_running: int = 64
+    rate_fractions: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5)  # of capacity
+    requests: int = 160  # per chip of an instance (the PD runs: per chip of a design)
+    max_running: int = 64  # sequences per chip (an instance of tp chips runs tp x this)
     token_budget: int = 2048
     page_size: int = 16
-    slo_scale: float = 5.0
+    slos: tuple[tuple[str, float, float], ...] = SLOS
     batch_caps: tuple[int, ...] = (1, 4, 16, 64, 256)
     pd_model: str = "llama3-8b"
     pd_designs: tuple[tuple[int, int], ...] = ((1, 3), (2, 2), (3, 1))  # equal chips
-    pd_tpot_scales: tuple[float, ...] = (5.0, 1.5)  # TPOT SLOs, x unloaded: loose, tight
     afd_models: tuple[str, ...] = ("llama3-70b", "qwen3-30b-a3b", "deepseek-v3")
     afd_chips: int = 32
     sram_chip: str = "Groq LPU"
@@ -82,8 +98,10 @@ class Paper:
             if x < 1 or y < 1:
                 raise ValueError(f"pd_designs: ({x}, {y}) needs >= 1 prefill and decode "
                                  "instance")
-        if not self.pd_tpot_scales or min(self.pd_tpot_scales) <= 0:
-            raise ValueError(f"pd_tpot_scales={self.pd_tpot_scales!r}: give positive numbers")
+        if not self.slos or any(len(x) != 3 or not isinstance(x[0], str) or min(x[1:]) <= 0
+                                for x in self.slos):
+            raise ValueError(f"slos={self.slos!r}: give (name, p99 TTFT s, p99 TPOT s) "
+                             "triples of positive seconds")
         if len({x + y for x, y in self.pd_designs}) != 1:
             raise ValueError(f"pd_designs={self.pd_designs!r}: give designs of one size "
                              "(x + y instances each), compared with that many colocated")
@@ -144,37 +162,62 @@ def _sim(predictor, pages: int, p: Paper, max_running: int | None = None,
                      max_running=max_running or p.max_running, prefix_cache=False)
 
 
-def summary_of(timelines: dict, slo: dict, chips: int) -> dict:
+def summary_of(timelines: dict, slos, chips: int) -> dict:
+    """metrics.summarize (its goodput and attainment against the first SLO) plus, per SLO,
+    whether the run meets it at p99 ("meets_p99"), the fraction of requests meeting both
+    parts ("attainment") and their rate per chip ("goodput_per_chip")."""
     tl = list(timelines.values())
-    s = metrics.summarize(tl, slo["ttft_s"], slo["tpot_s"])
-    s["goodput"] = s["goodput_requests_per_s"]
-    s["goodput_per_chip"] = s["goodput"] / chips
+    _, ttft, tpot = slos[0]
+    s = metrics.summarize(tl, ttft, tpot)
+    s["goodput_per_chip"] = s["goodput_requests_per_s"] / chips
+    s["p99_ttft_s"], s["p99_tpot_s"] = s["ttft_s"]["p99"], s["tpot_s"]["p99"]
+    s["slos"] = {name: {"ttft_s": a, "tpot_s": b,
+                        "meets_p99": bool(s["p99_ttft_s"] <= a and not s["p99_tpot_s"] > b),
+                        "attainment": metrics.slo_attainment(tl, a, b),
+                        "goodput_per_chip": metrics.goodput(tl, a, b) / chips}
+                 for name, a, b in slos}
     s["mean_ttft_s"] = float(np.mean([t.ttft for t in tl]))
     tpots = [t.tpot for t in tl if not math.isnan(t.tpot)]
     s["mean_tpot_s"] = float(np.mean(tpots)) if tpots else None
     return s
 
 
-def trace_of(p: Paper, mix, rate: float, vocab: int, seed: int = 0):
+def sustained(runs: list[dict], slo: str, capacity: float) -> float | None:
+    """MLPerf's server figure of merit over a sweep: the highest offered rate whose run meets
+    `slo` at p99, every lower rate meeting it too, and at most the steady `capacity` (a rate
+    past it is unstable: its queue grows without bound in a long run, however short the
+    simulated one); None when the lowest rate does not meet it."""
+    best = None
+    for r in sorted(runs, key=lambda r: r["rate"]):
+        if not r["slos"][slo]["meets_p99"] or r["rate"] > capacity * (1 + 1e-9):
+            break
+        best = r["rate"]
+    return best
+
+
+def trace_of(p: Paper, mix, rate: float, vocab: int, n: int, seed: int = 0):
     _, prompt, output = mix
-    return workloads.random_requests(p.requests, rate, prompt_len=prompt, output_len=output,
+    return workloads.random_requests(n, rate, prompt_len=prompt, output_len=output,
                                      vocab=vocab, seed=p.seed + seed)
 
 
-def slo_of(make, mix, p: Paper, vocab: int) -> dict:
-    """slo_scale x one request alone on one instance (its TTFT and TPOT)."""
-    _, prompt, output = mix
-    r = refmodel.serving.Request(0, tuple([1] * prompt), output)
-    t = make().run([r]).timelines[0]
-    return {"ttft_s": p.slo_scale * t.ttft, "tpot_s": p.slo_scale * t.tpot,
-            "unloaded_ttft_s": t.ttft, "unloaded_tpot_s": t.tpot}
+def steady_rate(timelines: dict) -> float:
+    """Requests/s completed in steady state: the middle half of the completions over the
+    time they took (the ramp up and the drain of the last partial batch left out)."""
+    done = sorted(t.token_times[-1] for t in timelines.values())
+    n = len(done)
+    lo, hi = done[n // 4], done[(3 * n) // 4]
+    return ((3 * n) // 4 - n // 4) / (hi - lo) if hi > lo else n / done[-1]
 
 
-def capacity_of(make, mix, p: Paper, vocab: int) -> float:
-    """Requests/s one instance completes when every request arrives at once."""
-    reqs = trace_of(p, mix, math.inf, vocab)
-    tl = list(make().run(reqs).timelines.values())
-    return len(tl) / metrics.duration(tl)
+def capacity_of(make, mix, p: Paper, vocab: int, n: int) -> float:
+    """Requests/s one instance completes in steady state when n requests arrive at once
+    (give n of several times the instance's running cap, or there is no steady state)."""
+    return steady_rate(make().run(trace_of(p, mix, math.inf, vocab, n)).timelines)
+
+
+def _slos(p: Paper) -> list[dict]:
+    return [{"name": n, "ttft_s": a, "tpot_s": b} for n, a, b in p.slos]
 
 
 def scale_out(p: Paper, progress) -> list[dict]:
@@ -184,37 +227,58 @@ def scale_out(p: Paper, progress) -> list[dict]:
         cfg = refmodel.presets.get(name)
         wd = WEIGHT_DTYPES.get(name, "bfloat16")
         place = placement(cfg, device, p.page_size, wd)
-        pred = _predictor(cfg, device, place["tp"], place["link"], wd)
-        mix = p.mixes[0]
-        progress(f"scale-out {name} (tp {place['tp']})")
+        tp, running = place["tp"], place["tp"] * p.max_running
+        pred = _predictor(cfg, device, tp, place["link"], wd)
+        mix, n = p.mixes[0], p.requests * tp
+        progress(f"scale-out {name} (tp {tp})")
 
-        def make(cap=None, pred=pred, place=place):
-            return _sim(pred, place["pages"], p, cap)
-        slo = slo_of(make, mix, p, cfg.vocab_size)
-        capacity = capacity_of(make, mix, p, cfg.vocab_size)
+        def make(cap=None, pred=pred, place=place, running=running):
+            return _sim(pred, place["pages"], p, cap or running)
+        capacity = capacity_of(make, mix, p, cfg.vocab_size, max(n, 4 * running))
         runs = []
         for f in p.rate_fractions:
-            reqs = trace_of(p, mix, f * capacity, cfg.vocab_size)
-            runs.append({"rate": f * capacity, "rate_fraction": f,
-                         **summary_of(make().run(reqs).timelines, slo, place["tp"])})
+            reqs = trace_of(p, mix, f * capacity, cfg.vocab_size, n)
+            runs.append({"rate": f * capacity, "rate_per_chip": f * capacity / tp,
+                         "rate_fraction": f,
+                         **summary_of(make().run(reqs).timelines, p.slos, tp)})
         pareto = []
         for cap in p.batch_caps:
-            reqs = trace_of(p, mix, math.inf, cfg.vocab_size)[:max(cap * 2, 8)]
-            tl = make(cap).run(reqs).timelines
-            s = summary_of(tl, slo, place["tp"])
+            reqs = trace_of(p, mix, math.inf, cfg.vocab_size, max(cap * 2, 8))
+            s = summary_of(make(cap).run(reqs).timelines, p.slos, tp)
             pareto.append({"max_running": cap,
-                           "tokens_per_s_per_chip": s["output_tokens_per_s"] / place["tp"],
+                           "tokens_per_s_per_chip": s["output_tokens_per_s"] / tp,
                            "tokens_per_s_per_user": 1.0 / s["mean_tpot_s"]})
-        out.append({"model": name, "weight_dtype": wd, "tp": place["tp"],
-                    "chips": place["tp"], "pages": place["pages"],
-                    "weight_bytes": place["weight_bytes"], "capacity": capacity, "slo": slo,
-                    "mix": list(mix), "runs": runs, "pareto": pareto,
-                    "assumptions": {"device": device, "tp": place["tp"],
-                                    "link": place["link"].name if place["tp"] > 1 else None,
+        best = {slo: sustained(runs, slo, capacity) for slo, _, _ in p.slos}
+        out.append({"model": name, "moe": "moe" in cfg.layer_ffns, "weight_dtype": wd,
+                    "tp": tp, "chips": tp, "pages": place["pages"],
+                    "weight_bytes": place["weight_bytes"], "capacity": capacity,
+                    "slos": _slos(p), "sustained": best,
+                    "sustained_per_chip": {k: v / tp if v else None for k, v in best.items()},
+                    "mix": list(mix), "requests": n, "runs": runs, "pareto": pareto,
+                    "assumptions": {"device": device, "tp": tp,
+                                    "link": place["link"].name if tp > 1 else None,
                                     "weight_dtype": wd, "kv_dtype": "bfloat16",
-                                    "policy": "mixed", "max_running": p.max_running,
+                                    "policy": "mixed", "max_running": running,
                                     "token_budget": p.token_budget}})
     return out
+
+
+def _pd_designs(p: Paper, got: dict, colocated: str, instances: int, tp: int) -> list[dict]:
+    """One rate's row per design: the colocated instances, then each xPyD with the KV bytes
+    and seconds it moved per request."""
+    chips = instances * tp
+    designs = [{"design": colocated, "prefill": 0, "decode": 0, "instances": instances,
+                "chips": chips, **summary_of(got[colocated], p.slos, chips)}]
+    for x, y in p.pd_designs:
+        res = got[f"{x}P{y}D"]
+        moved = res["transfers"].values()
+        designs.append({
+            "design": f"{x}P{y}D", "prefill": x, "decode": y, "instances": x + y,
+            "chips": (x + y) * tp,
+            "kv_bytes_mean": float(np.mean([t["bytes"] for t in moved])),
+            "kv_seconds_mean": float(np.mean([t["seconds"] for t in moved])),
+            **summary_of(res["timelines"], p.slos, (x + y) * tp)})
+    return designs
 
 
 def pd(p: Paper, progress) -> dict:
@@ -222,66 +286,63 @@ def pd(p: Paper, progress) -> dict:
     wd = WEIGHT_DTYPES.get(p.pd_model, "bfloat16")
     place = placement(cfg, p.device, p.page_size, wd)
     tp = place["tp"]
+    running = tp * p.max_running
     pred = _predictor(cfg, p.device, tp, place["link"], wd)
     _, kv_link, _ = links_of(p.device)
 
     def make():
-        return _sim(pred, place["pages"], p)
+        return _sim(pred, place["pages"], p, running)
 
     def make_prefill():
         return Simulator(pred, num_pages=place["pages"], page_size=p.page_size,
                          policy="prefill-first", token_budget=p.token_budget,
-                         max_running=p.max_running, prefix_cache=False)
+                         max_running=running, prefix_cache=False)
 
     def make_decode():
         return Simulator(disagg.installed(pred), num_pages=place["pages"],
                          page_size=p.page_size, policy="mixed",
-                         token_budget=p.max_running * 4096, max_running=p.max_running,
+                         token_budget=running * 4096, max_running=running,
                          prefix_cache=False)
 
     def kv(r):
         return costs.kv_cache_bytes(cfg, len(r.prompt), 1, "bfloat16")
+    instances = p.pd_designs[0][0] + p.pd_designs[0][1]  # of every design
+    colocated = f"{instances} colocated"
+
+    def runs(reqs) -> dict:
+        """{design: timelines} of the colocated instances and every PD design."""
+        out = {colocated: disagg.colocated(reqs, make, instances)}
+        for x, y in p.pd_designs:
+            out[f"{x}P{y}D"] = disagg.disaggregated(reqs, make_prefill, make_decode, x, y, kv,
+                                                    kv_link)
+        return out
     mixes = []
     for mix in p.mixes:
-        base = slo_of(make, mix, p, cfg.vocab_size)
-        capacity = capacity_of(make, mix, p, cfg.vocab_size)
-        runs = []  # (rate fraction, rate, [(design fields, timelines)])
+        capacity = capacity_of(make, mix, p, cfg.vocab_size, max(p.requests * tp, 4 * running))
+        full = trace_of(p, mix, math.inf, cfg.vocab_size,
+                        max(p.requests * tp, 4 * running) * instances)
+        caps = {k: steady_rate(v if k == colocated else v["timelines"])
+                for k, v in runs(full).items()}
+        rows = []
         for f in p.rate_fractions:
-            n = p.pd_designs[0][0] + p.pd_designs[0][1]  # instances of every design
-            rate = f * capacity * n
-            reqs = trace_of(p, mix, rate, cfg.vocab_size)
+            rate = f * capacity * instances
+            reqs = trace_of(p, mix, rate, cfg.vocab_size, p.requests * tp * instances)
             progress(f"pd {mix[0]} at {rate:.1f} requests/s")
-            designs = [({"design": f"{n} colocated", "prefill": 0, "decode": 0,
-                         "instances": n, "chips": n * tp}, disagg.colocated(reqs, make, n))]
-            for x, y in p.pd_designs:
-                res = disagg.disaggregated(reqs, make_prefill, make_decode, x, y, kv, kv_link)
-                moved = res["transfers"].values()
-                designs.append(({
-                    "design": f"{x}P{y}D", "prefill": x, "decode": y, "instances": x + y,
-                    "chips": (x + y) * tp,
-                    "kv_bytes_mean": float(np.mean([t["bytes"] for t in moved])),
-                    "kv_seconds_mean": float(np.mean([t["seconds"] for t in moved]))},
-                    res["timelines"]))
-            runs.append((f, rate, designs))
-        for scale in p.pd_tpot_scales:  # the same timelines judged by each TPOT SLO
-            slo = {**base, "ttft_s": base["ttft_s"],
-                   "tpot_s": scale * base["unloaded_tpot_s"], "tpot_scale": scale}
-            rows = [{"rate": rate, "rate_fraction": f, "designs": [
-                {**fields, **summary_of(tl, slo, fields["chips"])} for fields, tl in designs]}
-                for f, rate, designs in runs]
-            mixes.append({"mix": list(mix), "slo": slo, "capacity_per_instance": capacity,
-                          "rates": rows})
+            designs = _pd_designs(p, runs(reqs), colocated, instances, tp)
+            rows.append({"rate": rate, "rate_fraction": f, "designs": designs})
+        mixes.append({"mix": list(mix), "slos": _slos(p), "capacity_per_instance": capacity,
+                      "design_capacity": caps, "rates": rows})
     return {"model": p.pd_model, "tp": tp, "mixes": mixes,
             "assumptions": {"device": p.device, "tp_per_instance": tp,
                             "kv_link": kv_link.name, "kv_dtype": "bfloat16",
                             "weight_dtype": wd, "routing": "round-robin",
                             "prefill_policy": "prefill-first", "colocated_policy": "mixed",
-                            "token_budget": p.token_budget, "max_running": p.max_running}}
+                            "token_budget": p.token_budget, "max_running": running}}
 
 
 def afd_rows(p: Paper) -> list[dict]:
     chip = chip_of(p.device)
-    _, link, _ = links_of(p.device)
+    up, link, domain = links_of(p.device)
     cfgs = [refmodel.presets.get(m) for m in p.afd_models]
     rows = []
     for cfg in cfgs:
@@ -290,13 +351,13 @@ def afd_rows(p: Paper) -> list[dict]:
             for batch in AFD_BATCHES:
                 got = afd.when_it_pays([cfg], chip, link, p.afd_chips, (context,), (batch,),
                                        weight_dtype=wd, kv_dtype="bfloat16",
-                                       act_dtype="bfloat16")
+                                       act_dtype="bfloat16", scale_up=up, domain=domain)
                 rows += got or [{  # said, not dropped: no split of the chips holds it
                     "model": cfg.name, "moe": "moe" in cfg.layer_ffns, "context": context,
                     "batch": batch, "fits": False,
                     "reason": f"no attention:FFN split of {p.afd_chips} x {chip.name} holds "
-                              f"the weights and {batch} sequences x {context} tokens of KV "
-                              "per attention chip"}]
+                              f"the weights and {batch * p.afd_chips} sequences of {context} "
+                              "tokens"}]
     return rows
 
 

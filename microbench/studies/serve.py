@@ -1,17 +1,35 @@
-"""Serving measured: the engine under a seeded trace, per policy, rate and pool size.
+"""Serving measured: the engine under a seeded chat trace, per policy, rate and pool size.
 
-What `python -m microbench serve` runs, in this order, all on one model and one trace shape
-(a shared system prompt before each request's own prompt, Poisson arrivals):
+What `python -m microbench serve` runs, in this order, on one model and one trace shape. The
+workload and the method are fixed here, before anything is measured:
 
-1. Unloaded latency: one request alone (median of a few) gives the TTFT and TPOT that the SLOs
-   are scaled from (`slo_scale` x unloaded, as DistServe states SLOs), and a naive capacity,
-   max_running / unloaded end-to-end time, that the request rates are fractions of.
-2. Policies x rates: each policy (and static batching, the baseline) on the same trace at each
-   rate: latency percentiles, throughput, goodput under the SLOs, pool usage over time.
-3. Prefix caching: the middle rate's mixed run again with the radix cache off: mean TTFT
-   with / without.
-4. Pool size: the middle rate's mixed run with smaller pools: hit rate, preemptions, TTFT.
-5. Decode step: the engine's decode step with B running sequences at context S against the
+- Workload (`sharegpt`, the default): a shared system prompt, then each request's own prompt
+  and output with ShareGPT's mean lengths as the vLLM paper reports them (161.31 and 337.99
+  tokens), scaled by `length_scale` (1/8: the small model and the time budget), lognormal with
+  a long tail (refmodel.serving.workloads.chat_like), Poisson arrivals.
+- SLOs, defined once: `slo_scale` x the unloaded TTFT and TPOT of one reference request (the
+  workload's mean prompt and output lengths, prefix cache off) served alone by the reference
+  model `slo_model` on this engine. Every policy and rate is judged against the same two
+  numbers; a different served model keeps them (they are not its own batch-1 latency).
+- Saturation, measured: the `mixed` policy's completion rate with every request queued at
+  once (metrics.completion_rate), the median of 3 runs. The swept rates are `rate_fractions`
+  of it, from light load to 1.5x past it. It is measured again after the sweep: on a shared
+  machine whose speed drifts, the two differ, and the figure says so.
+- Goodput and attainment in a steady-state window: the requests arriving between the `trim`
+  first and last arrivals (metrics.steady), so warm-up and drain do not count.
+
+1. Policies x rates: each policy (static batching is the baseline) on the same trace at each
+   rate; transformers' static batches as a peer at the lowest rate only, on the trace's first
+   `peer_requests` requests (it saturates far below that rate, and its generate loop takes
+   minutes per trace of these lengths).
+2. Prefix caching at matched, unsaturated load: the cache-off saturation measured the same
+   way, then one trace at `prefix_load` x it, served with the radix cache on and off:
+   prefill tokens computed and TTFT with and without, and both attainments (both runs must be
+   below saturation for the ratio to mean what it says).
+3. Pool size: the mixed run at the swept rate nearest `pool_rate_fraction` again with smaller
+   pools: hit rate, preemptions, and readmissions after preemption (what they re-prefill and
+   how much of it the radix cache still holds).
+4. Decode step: the engine's decode step with B running sequences at context S against the
    plain batched `Phases` decode at the same B and S, timed in the same run (`decode_ratio`);
    where the engine's page kernels are native, again with XLA's (a gathered view per layer).
 
@@ -30,7 +48,7 @@ import numpy as np
 
 import refmodel
 from microbench.phases.report import LLAMA_MODEL, llama_spec
-from refmodel.serving import metrics, workloads
+from refmodel.serving import Request, metrics, workloads
 from refmodel.serving.engine import Engine
 from refmodel.serving.pool import pages_for
 
@@ -43,35 +61,60 @@ class Setup:
 
     model: str = "small"
     attention: str | None = None
-    workload: str = "shared"  # a key of WORKLOADS
-    requests: int = 64  # per run
-    system_len: int = 512
-    prompt_len: int = 48
-    output_len: int = 32
+    workload: str = "sharegpt"  # a key of WORKLOADS
+    requests: int = 128  # per run of the policy sweep
+    system_len: int = 256  # shared system prompt (sharegpt, shared; few-shot prefix)
+    length_scale: float = 0.125  # x ShareGPT's mean lengths (and vLLM's length filter)
+    prompt_len: float | None = None  # other workloads' means; None: ShareGPT's x length_scale
+    output_len: float | None = None
+    spread: float = workloads.CHAT_SPREAD  # sigma of the log lengths
     page_size: int = 16
     token_budget: int = 256
     max_running: int = 8
     policies: tuple[str, ...] = ("mixed", "prefill-first", "decode-first", "static")
-    rate_fractions: tuple[float, ...] = (0.125, 0.25, 0.5, 1.0)  # of the naive capacity
+    rate_fractions: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5)  # of saturation
     rates: tuple[float, ...] | None = None  # requests/s; given, they replace the fractions
-    pool_fractions: tuple[float, ...] = (1.0, 0.3, 0.2, 0.12)  # of the pool that holds everything
+    trim: float = 0.1  # steady-state window: drop this fraction of arrivals at each end
     slo_scale: float = 5.0
+    slo_model: str = "small"  # the reference model the SLOs are scaled from
+    attainment_target: float = 0.9
+    prefix_load: float = 0.25  # the prefix-cache pair's rate, x the cache-off saturation
+    prefix_requests: int = 64
+    pool_rate_fraction: float = 0.75  # pool runs at the swept rate nearest this fraction
+    pool_fractions: tuple[float, ...] = (0.3, 0.2, 0.12)  # of the pool that holds everything
     decode_batch: int = 8
     decode_context: int = 511
     decode_steps: int = 40  # decode steps timed per round of the comparison
     decode_rounds: int = 3
     peer: bool = True  # transformers' static-batch generate on the policy traces, if installed
+    peer_rates: int = 1  # ... at the lowest this many swept rates (it saturates far below)
+    peer_requests: int = 32  # ... on this many of the trace's first requests (it is slow)
     seed: int = 0
 
     def check(self) -> None:
-        for name in ("requests", "system_len", "prompt_len", "output_len", "page_size",
-                     "token_budget", "max_running", "decode_batch", "decode_context",
-                     "decode_steps", "decode_rounds"):
+        for name in ("requests", "system_len", "page_size", "token_budget", "max_running",
+                     "prefix_requests", "decode_batch", "decode_context", "decode_steps",
+                     "decode_rounds", "peer_rates", "peer_requests"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
         if self.workload not in WORKLOADS:
             raise ValueError(f"workload={self.workload!r}: choose one of {sorted(WORKLOADS)}")
+        for name in ("length_scale", "slo_scale", "prefix_load", "pool_rate_fraction"):
+            _positive(name, getattr(self, name))
+        for name in ("prompt_len", "output_len"):
+            if getattr(self, name) is not None:
+                if self.workload == "sharegpt":
+                    raise ValueError(f"{name}={getattr(self, name)!r}: the sharegpt workload "
+                                     "takes its lengths from length_scale; give it another "
+                                     f"workload ({sorted(set(WORKLOADS) - {'sharegpt'})})")
+                _positive(name, getattr(self, name))
+        if not (math.isfinite(self.spread) and self.spread >= 0):
+            raise ValueError(f"spread={self.spread!r} must be a number >= 0")
+        if not 0 <= self.trim < 0.5:
+            raise ValueError(f"trim={self.trim!r} must be in [0, 0.5)")
+        if not 0 < self.attainment_target <= 1:
+            raise ValueError(f"attainment_target={self.attainment_target!r} must be in (0, 1]")
         for name in ("rate_fractions", "pool_fractions", "rates"):
             values = getattr(self, name)
             if values is None and name == "rates":
@@ -81,51 +124,95 @@ class Setup:
         if any(f > 1 for f in self.pool_fractions):
             raise ValueError(f"pool_fractions={self.pool_fractions!r}: each must be <= 1 (a "
                              "fraction of the pool that holds every request at once)")
-        if not (math.isfinite(self.slo_scale) and self.slo_scale > 0):
-            raise ValueError(f"slo_scale={self.slo_scale!r} must be a positive number")
         from refmodel.serving.scheduler import POLICIES
+        if not self.policies:
+            raise ValueError(f"policies is empty: give at least one of {POLICIES}")
         for p in self.policies:
             if p not in POLICIES:
                 raise ValueError(f"policy {p!r}: choose from {POLICIES}")
-        if not self.policies:
-            raise ValueError("policies is empty: give at least one of "
-                             f"{POLICIES}")
 
 
-def config(setup: Setup) -> refmodel.ModelConfig:
+def _positive(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name}={value!r} must be a positive number")
+
+
+def config(setup: Setup, preset: str | None = None) -> refmodel.ModelConfig:
+    """The served model's config (or `preset`'s, e.g. the SLO reference model's)."""
     names = sorted(refmodel.presets.PRESETS)
-    if setup.model not in names:
-        raise ValueError(f"model={setup.model!r}: choose one of {names}")
-    cfg = refmodel.presets.get(setup.model)
+    for field, name in (("model", setup.model), ("slo_model", setup.slo_model)):
+        if name not in names:
+            raise ValueError(f"{field}={name!r}: choose one of {names}")
+    cfg = refmodel.presets.get(preset or setup.model)
     if setup.attention is not None:
         kinds = refmodel.attention.registered()
         if setup.attention not in kinds:
             raise ValueError(f"attention={setup.attention!r}: choose one of {list(kinds)}")
-        cfg = dataclasses.replace(cfg, attention=setup.attention, layer_pattern=None)
+        if preset is None:  # the served model's override; a reference stays as preset
+            cfg = dataclasses.replace(cfg, attention=setup.attention, layer_pattern=None)
     return cfg
+
+
+def mean_lengths(setup: Setup) -> tuple[float, float]:
+    """The workload's asked mean own-prompt and output lengths (before vLLM's filter)."""
+    p, o = (workloads.SHAREGPT[k] * setup.length_scale for k in ("input_mean", "output_mean"))
+    if setup.workload == "sharegpt":
+        return p, o
+    return setup.prompt_len or p, setup.output_len or o
 
 
 # Workloads (refmodel.serving.workloads), each called with the setup's lengths:
 # system_len is the shared part (system prompt; few-shot prefix; ignored by random and chat).
-WORKLOADS = {
-    "shared": lambda s, n, rate, vocab, seed: workloads.shared_prefix(
-        n, rate, system_len=s.system_len, prompt_len=s.prompt_len, output_len=s.output_len,
-        vocab=vocab, seed=seed),
-    "random": lambda s, n, rate, vocab, seed: workloads.random_requests(
-        n, rate, prompt_len=s.prompt_len, output_len=s.output_len, vocab=vocab, seed=seed),
-    "few-shot": lambda s, n, rate, vocab, seed: workloads.few_shot(
-        n, rate, shots=4, shot_len=s.system_len / 4, question_len=s.prompt_len,
-        output_len=s.output_len, tasks=2, vocab=vocab, seed=seed),
-    "chat": lambda s, n, rate, vocab, seed: workloads.multi_turn(
-        max(1, n // 3), 3, rate, user_len=s.prompt_len, output_len=s.output_len,
-        think_time=1.0 / rate if math.isfinite(rate) else 0.0, vocab=vocab, seed=seed),
-}
+def _sharegpt(s, n, rate, vocab, seed):
+    return workloads.chat_like(n, rate, s.length_scale, s.system_len, s.spread, vocab, seed)
+
+
+def _shared(s, n, rate, vocab, seed):
+    p, o = mean_lengths(s)
+    return workloads.shared_prefix(n, rate, system_len=s.system_len, prompt_len=p,
+                                   output_len=o, vocab=vocab, seed=seed, spread=s.spread)
+
+
+def _random(s, n, rate, vocab, seed):
+    p, o = mean_lengths(s)
+    return workloads.random_requests(n, rate, prompt_len=p, output_len=o, vocab=vocab,
+                                     seed=seed, spread=s.spread)
+
+
+def _few_shot(s, n, rate, vocab, seed):
+    p, o = mean_lengths(s)
+    return workloads.few_shot(n, rate, shots=4, shot_len=s.system_len / 4, question_len=p,
+                              output_len=o, tasks=2, vocab=vocab, seed=seed, spread=s.spread)
+
+
+def _chat(s, n, rate, vocab, seed):
+    p, o = mean_lengths(s)
+    return workloads.multi_turn(max(1, n // 3), 3, rate, user_len=p, output_len=o,
+                                think_time=1.0 / rate if math.isfinite(rate) else 0.0,
+                                vocab=vocab, seed=seed, spread=s.spread)
+
+
+WORKLOADS = {"sharegpt": _sharegpt, "shared": _shared, "random": _random,
+             "few-shot": _few_shot, "chat": _chat}
 
 
 def trace(setup: Setup, cfg, rate: float, n: int | None = None, seed: int | None = None):
     """The run's requests from the setup's workload at `rate` requests/s."""
     return WORKLOADS[setup.workload](setup, n or setup.requests, rate, cfg.vocab_size,
                                      setup.seed if seed is None else seed)
+
+
+def describe(requests) -> dict:
+    """What a trace's lengths are: means, spread and tail of its prompts and outputs."""
+    out = {}
+    for key, xs in (("prompt", [len(r.prompt) for r in requests]),
+                    ("output", [r.max_new_tokens for r in requests])):
+        x = np.asarray(xs, dtype=float)
+        out[key] = {"mean": float(x.mean()), "cv": float(x.std() / x.mean()),
+                    "p50": float(np.median(x)), "p99": float(np.percentile(x, 99)),
+                    "max": int(x.max())}
+    return out
 
 
 def _max_len(setup: Setup, requests) -> int:
@@ -142,16 +229,26 @@ def _engine(model, setup: Setup, num_pages: int, max_len: int, policy: str = "mi
     return engine
 
 
-def record(run, requests, slo: dict, label: dict) -> dict:
-    """One run as JSON: its settings, summary, per-request latencies and pool usage."""
+def record(run, requests, slo: dict, label: dict, trim: float = 0.1) -> dict:
+    """One run as JSON: its settings, whole-run summary, steady-state window, prefill and
+    readmission counts, per-request latencies and pool usage."""
     timelines = [run.timelines[r.id] for r in requests]
     summary = metrics.summarize(timelines, slo["ttft_s"], slo["tpot_s"])
+    first_hits = run.hit_tokens - run.readmit_hit_tokens
+    first_all = run.hit_tokens + run.miss_tokens - run.readmit_tokens
     return {
         **label,
         "summary": summary,
+        "steady": _steady(timelines, slo, trim),
         "mean_ttft_s": float(np.mean([t.ttft for t in timelines])),
+        "prefill_tokens": sum(s.prefill_tokens for s in run.steps),
+        "prompt_tokens": sum(len(r.prompt) for r in requests),
         "hit_rate": metrics.hit_rate(run.hit_tokens, run.miss_tokens),
         "hit_tokens": run.hit_tokens, "miss_tokens": run.miss_tokens,
+        # the hit rate of first admissions alone (readmissions after preemption left out)
+        "first_admission_hit_rate": first_hits / first_all if first_all else 0.0,
+        "readmissions": run.readmissions, "readmit_tokens": run.readmit_tokens,
+        "readmit_hit_tokens": run.readmit_hit_tokens,
         "preemptions": run.preemptions, "evicted_pages": run.evicted_pages,
         "compiles": run.compiles, "prefix_cache": run.prefix_cache,
         "num_pages": run.num_pages,
@@ -165,26 +262,70 @@ def record(run, requests, slo: dict, label: dict) -> dict:
     }
 
 
+def _steady(timelines, slo: dict, trim: float) -> dict | None:
+    """metrics.steady, or None where the window is empty (every request at once)."""
+    try:
+        return metrics.steady(timelines, slo["ttft_s"], slo["tpot_s"], trim)
+    except ValueError:
+        return None
+
+
 def _num(x: float) -> float | None:
     return None if math.isnan(x) else float(x)
 
 
-def unloaded_trace(setup: Setup, cfg, repeats: int = 3):
-    return trace(setup, cfg, rate=math.inf, n=repeats, seed=setup.seed + 1)
+def reference_requests(setup: Setup, cfg, repeats: int = 3) -> list[Request]:
+    """The SLO reference request, `repeats` times (fresh random tokens each): the workload's
+    mean lengths, system prompt included, alone (arrivals far apart)."""
+    p, o = mean_lengths(setup)
+    shared = setup.system_len if setup.workload in ("sharegpt", "shared", "few-shot") else 0
+    rng = np.random.default_rng(setup.seed + 1)
+    return [Request(i, tuple(int(t) for t in rng.integers(0, cfg.vocab_size,
+                                                          shared + round(p))),
+                    max(1, round(o)), arrival=0.0) for i in range(repeats)]
 
 
-def unloaded(model, setup: Setup, cfg, max_len: int, pool: int, repeats: int = 3) -> dict:
-    """TTFT, TPOT and end-to-end time of one request alone (medians of `repeats` requests,
-    prefix cache off: the cold latency a user's first request sees). The engine has the
-    policy runs' shapes (max_len, `pool` array rows), so their compiles are shared."""
-    reqs = unloaded_trace(setup, cfg, repeats)
+def reference_slo(model, setup: Setup, cfg, max_len: int, pool: int) -> dict:
+    """The SLOs, once for the whole measurement: slo_scale x the TTFT and TPOT of the reference
+    request served alone by `slo_model` (medians of 3, prefix cache off: the cold latency of a
+    first request). With slo_model the served model, the engine has the policy runs' shapes
+    (max_len, `pool` array rows), so their compiles are shared."""
+    ref_cfg = config(setup, setup.slo_model)
+    reqs = reference_requests(setup, ref_cfg)
+    if setup.slo_model != setup.model or setup.attention is not None:
+        model = refmodel.init(ref_cfg, seed=setup.seed)
+        max_len = _max_len(setup, reqs)
+        pool = pages_for(max_len, setup.page_size) + 1
     engine = _engine(model, setup, pool, max_len, prefix_cache=False, array_pages=pool)
     out = {"ttft_s": [], "tpot_s": [], "e2e_s": []}
     for r in reqs:
         t = engine.run([r]).timelines[r.id]
         for k, v in (("ttft_s", t.ttft), ("tpot_s", t.tpot), ("e2e_s", t.e2e)):
             out[k].append(v)
-    return {k: float(np.median(v)) for k, v in out.items()}
+    alone = {k: float(np.median(v)) for k, v in out.items()}
+    return {"ttft_s": setup.slo_scale * alone["ttft_s"],
+            "tpot_s": setup.slo_scale * alone["tpot_s"], "scale": setup.slo_scale,
+            "reference": {"model": setup.slo_model, "label": refmodel.attention.label(ref_cfg),
+                          "prompt": len(reqs[0].prompt), "output": reqs[0].max_new_tokens,
+                          "prefix_cache": False, "repeats": len(reqs), **alone}}
+
+
+def saturation(model, setup: Setup, cfg, max_len: int, pool: int, n: int,
+               prefix_cache: bool = True, policy: str = "mixed", repeats: int = 3) -> dict:
+    """The rate this engine sustains: `policy`'s completion rate (metrics.completion_rate)
+    with n requests of the workload all queued at t = 0; the median of `repeats` runs (one
+    run moves by 20-30% on a shared machine)."""
+    reqs = trace(setup, cfg, math.inf, n=n)
+    rates = []
+    for _ in range(repeats):
+        engine = _engine(model, setup, pool, max_len, policy, prefix_cache=prefix_cache,
+                         array_pages=pool)
+        run = engine.run(reqs)
+        rates.append(metrics.completion_rate(list(run.timelines.values()), setup.trim))
+    rate = float(np.median(rates))
+    return {"requests_per_s": rate, "runs_requests_per_s": rates, "policy": policy,
+            "prefix_cache": prefix_cache, "requests": n, "trim": setup.trim,
+            "output_tokens_per_s": rate * float(np.mean([r.max_new_tokens for r in reqs]))}
 
 
 def decode_ratio(model, setup: Setup, repeats: int = 40, rounds: int = 3,
@@ -292,15 +433,15 @@ def _ratio_round(model, setup: Setup, reqs: list, max_len: int, repeats: int, ke
     return [float(np.median(xs)) for xs in (block, steps, contiguous, calls)], alone.kernels
 
 
+
 @dataclasses.dataclass
 class _Load:
-    """What every run of one serve measurement shares: its SLOs, the pool that holds every
-    running sequence, and the rates (fractions of the naive capacity) with their traces."""
+    """What every run of one serve measurement shares: the SLOs, the measured saturation, the
+    pool that holds every running sequence, and the swept rates with their traces."""
 
     cfg: refmodel.ModelConfig
-    unloaded: dict
     slo: dict
-    capacity: float
+    saturation: dict
     max_len: int
     full_pool: int
     fractions: tuple
@@ -308,27 +449,29 @@ class _Load:
     traces: list
 
 
-def _load(model, setup: Setup, cfg) -> _Load:
-    """The unloaded latency, the SLOs and capacity scaled from it, and the traces at each
-    rate, with the pool sized for the longest request of any of them."""
+def _load(model, setup: Setup, cfg, say) -> _Load:
+    """The SLOs, the saturation they do not depend on, and the traces at each rate, with the
+    pool sized for the longest request of any run."""
     def full_pool(max_len: int) -> int:
         return setup.max_running * pages_for(max_len, setup.page_size) + \
             pages_for(setup.system_len, setup.page_size)
 
     # lengths do not depend on the rate (same seed, same draws): size the pool first
-    probe = trace(setup, cfg, 1.0) + unloaded_trace(setup, cfg)
+    probe = trace(setup, cfg, 1.0) + trace(setup, cfg, math.inf) + \
+        trace(setup, cfg, 1.0, n=setup.prefix_requests) + \
+        trace(setup, cfg, math.inf, n=setup.prefix_requests) + reference_requests(setup, cfg)
     max_len = _max_len(setup, probe)
-    base = unloaded(model, setup, cfg, max_len, full_pool(max_len))
-    slo = {"ttft_s": setup.slo_scale * base["ttft_s"], "tpot_s": setup.slo_scale * base["tpot_s"]}
-    capacity = setup.max_running / base["e2e_s"]
+    say("unloaded latency of the SLO reference")
+    slo = reference_slo(model, setup, cfg, max_len, full_pool(max_len))
+    say("saturation (every request queued at once)")
+    sat = saturation(model, setup, cfg, max_len, full_pool(max_len), setup.requests)
     fractions = setup.rate_fractions if setup.rates is None else \
-        tuple(r / capacity for r in setup.rates)
-    rates = [f * capacity for f in fractions]
+        tuple(r / sat["requests_per_s"] for r in setup.rates)
+    rates = [f * sat["requests_per_s"] for f in fractions]
     traces = [trace(setup, cfg, rate) for rate in rates]
     if _max_len(setup, [r for t in traces for r in t]) > max_len:  # chat's lengths may vary
         max_len = _max_len(setup, [r for t in traces for r in t] + probe)
-    return _Load(cfg, base, slo, capacity, max_len, full_pool(max_len), fractions, rates,
-                 traces)
+    return _Load(cfg, slo, sat, max_len, full_pool(max_len), fractions, rates, traces)
 
 
 def measure(setup: Setup, progress=None) -> dict:
@@ -337,11 +480,13 @@ def measure(setup: Setup, progress=None) -> dict:
     cfg = config(setup)
     model = refmodel.init(cfg, seed=setup.seed)
     say = progress or (lambda _: None)
-    say("unloaded latency")
-    load = _load(model, setup, cfg)
+    load = _load(model, setup, cfg, say)
     runs = _policy_runs(model, setup, load, say)
+    say("saturation again, after the sweep (has the machine's speed drifted?)")
+    sat_after = saturation(model, setup, cfg, load.max_len, load.full_pool, setup.requests)
     peer_runs, peer = _peer_runs(setup, load, say)
-    runs += peer_runs + _cache_and_pool_runs(model, setup, load, say)
+    prefix_runs, sat_off = _prefix_runs(model, setup, load, say)
+    runs += peer_runs + prefix_runs + _pool_runs(model, setup, load, say)
     say("decode step: engine vs Phases")
     steps, rounds = setup.decode_steps, setup.decode_rounds
     ratio = decode_ratio(model, setup, steps, rounds)
@@ -351,13 +496,18 @@ def measure(setup: Setup, progress=None) -> dict:
         ratio["xla"] = {k: xla[k] for k in ("ratio", "call_ratio", "ratio_by_round",
                                             "call_ratio_by_round", "engine_step_s",
                                             "phases_step_s")}
-    return {"kind": KIND, "setup": dataclasses.asdict(setup),
-            "model": {"preset": setup.model, "label": refmodel.attention.label(cfg),
-                      "dtype": cfg.dtype, "params": refmodel.costs.param_counts(cfg)["total"]},
-            "unloaded": load.unloaded, "slo": load.slo,
-            "capacity_requests_per_s": load.capacity, "full_pool_pages": load.full_pool,
-            "max_len": load.max_len, "runs": runs, "claims": claims(runs, ratio),
-            "decode": ratio, "peer": peer}
+    result = {"kind": KIND, "setup": dataclasses.asdict(setup),
+              "model": {"preset": setup.model, "label": refmodel.attention.label(cfg),
+                        "dtype": cfg.dtype, "params": refmodel.costs.param_counts(cfg)["total"]},
+              "workload": {"name": setup.workload, "length_scale": setup.length_scale,
+                           "spread": setup.spread, "sharegpt": workloads.SHAREGPT,
+                           "lengths": describe(load.traces[0])},
+              "slo": load.slo, "saturation": load.saturation, "saturation_after": sat_after,
+              "saturation_no_cache": sat_off,
+              "full_pool_pages": load.full_pool, "max_len": load.max_len, "runs": runs,
+              "decode": ratio, "peer": peer}
+    result["claims"] = claims(result)
+    return result
 
 
 def _policy_runs(model, setup: Setup, load: _Load, say) -> list[dict]:
@@ -370,7 +520,7 @@ def _policy_runs(model, setup: Setup, load: _Load, say) -> list[dict]:
                              array_pages=load.full_pool)
             runs.append(record(engine.run(reqs), reqs, load.slo,
                                {"experiment": "policy", "policy": policy, "rate": rate,
-                                "rate_fraction": frac}))
+                                "rate_fraction": frac}, setup.trim))
     return runs
 
 
@@ -380,29 +530,57 @@ def _peer_runs(setup: Setup, load: _Load, say) -> tuple[list[dict], dict]:
     if not setup.peer:
         return [], {"name": HF_NAME, "error": "not asked for (peer=False)"}
     say("transformers generate, static batches")
-    peer = hf_static(load.cfg, load.traces, setup.max_running)
+    lowest = sorted(range(len(load.rates)), key=lambda i: load.rates[i])[:setup.peer_rates]
+    traces = [load.traces[i][:setup.peer_requests] for i in lowest]
+    peer = hf_static(load.cfg, traces, setup.max_running)
     runs = []
-    for frac, rate, reqs, done in zip(load.fractions, load.rates, load.traces,
-                                      peer.get("runs", [None] * len(load.rates)), strict=True):
+    for i, reqs, done in zip(lowest, traces, peer.get("runs", [None] * len(lowest)),
+                             strict=True):
+        frac, rate = load.fractions[i], load.rates[i]
         if done is None:
             break
         runs.append(peer_record(done, reqs, load.slo, {"experiment": "peer",
                                                        "policy": "hf static", "rate": rate,
-                                                       "rate_fraction": frac}))
+                                                       "rate_fraction": frac}, setup.trim))
     return runs, {k: v for k, v in peer.items() if k != "runs"}
 
 
-def _cache_and_pool_runs(model, setup: Setup, load: _Load, say) -> list[dict]:
-    """The middle rate's mixed run again with the prefix cache off, then with smaller pools."""
-    mid = len(load.rates) // 2
-    rate, reqs, frac = load.rates[mid], load.traces[mid], load.fractions[mid]
-    say("prefix cache off")
-    no_cache = _engine(model, setup, load.full_pool, load.max_len, "mixed", prefix_cache=False,
-                       array_pages=load.full_pool)
-    runs = [record(no_cache.run(reqs), reqs, load.slo, {"experiment": "prefix cache off",
-                                                        "policy": "mixed", "rate": rate,
-                                                        "rate_fraction": frac})]
+def _prefix_runs(model, setup: Setup, load: _Load, say) -> tuple[list[dict], dict]:
+    """The radix cache on and off at one rate below both saturations: the cache-off
+    saturation measured as the cache-on one was, then a trace at prefix_load x it served
+    both ways (mixed, full pool). Returns the two runs and the cache-off saturation."""
+    n = setup.prefix_requests
+    say("saturation without the prefix cache")
+    sat_off = saturation(model, setup, load.cfg, load.max_len, load.full_pool, n,
+                         prefix_cache=False)
+    rate = setup.prefix_load * min(sat_off["requests_per_s"],
+                                   load.saturation["requests_per_s"])
+    reqs = trace(setup, load.cfg, rate, n=n)
+    runs = []
+    for cache in (True, False):
+        say(f"prefix cache {'on' if cache else 'off'} at {rate:.2f} requests/s")
+        engine = _engine(model, setup, load.full_pool, load.max_len, "mixed",
+                         prefix_cache=cache, array_pages=load.full_pool)
+        runs.append(record(engine.run(reqs), reqs, load.slo,
+                           {"experiment": f"prefix cache {'on' if cache else 'off'}",
+                            "policy": "mixed", "rate": rate,
+                            "rate_fraction": rate / load.saturation["requests_per_s"]},
+                           setup.trim))
+    return runs, sat_off
+
+
+def pool_rate_index(setup: Setup, fractions) -> int:
+    """Which swept rate the pool runs use: the one nearest pool_rate_fraction."""
+    return int(np.argmin([abs(f - setup.pool_rate_fraction) for f in fractions]))
+
+
+def _pool_runs(model, setup: Setup, load: _Load, say) -> list[dict]:
+    """The mixed run at the pool rate again with smaller pools (the full pool's run is the
+    policy run at that rate)."""
+    i = pool_rate_index(setup, load.fractions)
+    rate, reqs, frac = load.rates[i], load.traces[i], load.fractions[i]
     smallest = pages_for(load.max_len, setup.page_size)  # one sequence must fit
+    runs = []
     for pool_frac in setup.pool_fractions:
         pages = max(smallest, int(round(pool_frac * load.full_pool)))
         say(f"pool of {pages} pages")
@@ -410,20 +588,24 @@ def _cache_and_pool_runs(model, setup: Setup, load: _Load, say) -> list[dict]:
                          array_pages=load.full_pool)
         runs.append(record(engine.run(reqs), reqs, load.slo,
                            {"experiment": "pool", "policy": "mixed", "rate": rate,
-                            "rate_fraction": frac, "pool_fraction": pool_frac}))
+                            "rate_fraction": frac, "pool_fraction": pool_frac}, setup.trim))
     return runs
 
 
-def peer_record(done: list[dict], requests, slo: dict, label: dict) -> dict:
+def peer_record(done: list[dict], requests, slo: dict, label: dict, trim: float = 0.1) -> dict:
     """A peer's run in the shape of `record` (no pool, no cache: those fields are None)."""
     tl = {d["id"]: metrics.Timeline(d["arrival"], tuple(d["token_times"])) for d in done}
     timelines = [tl[r.id] for r in requests]
     return {
         **label,
         "summary": metrics.summarize(timelines, slo["ttft_s"], slo["tpot_s"]),
+        "steady": _steady(timelines, slo, trim),
         "mean_ttft_s": float(np.mean([t.ttft for t in timelines])),
-        "hit_rate": None, "hit_tokens": None, "miss_tokens": None, "preemptions": None,
-        "evicted_pages": None, "compiles": None, "prefix_cache": False, "num_pages": None,
+        "prefill_tokens": None, "prompt_tokens": sum(len(r.prompt) for r in requests),
+        "hit_rate": None, "hit_tokens": None, "miss_tokens": None,
+        "first_admission_hit_rate": None, "readmissions": None, "readmit_tokens": None,
+        "readmit_hit_tokens": None, "preemptions": None, "evicted_pages": None,
+        "compiles": None, "prefix_cache": False, "num_pages": None,
         "utilization": None, "steps": None,
         "requests": [{"id": r.id, "arrival_s": r.arrival, "prompt": len(r.prompt),
                       "output": r.max_new_tokens, "ttft_s": tl[r.id].ttft,
@@ -432,27 +614,63 @@ def peer_record(done: list[dict], requests, slo: dict, label: dict) -> dict:
     }
 
 
-def claims(runs: list[dict], decode: dict) -> dict:
-    """The three speed ratios serve.md leads with, from the runs (None where a run is
-    missing): the engine's decode step over Phases', prefix caching's TTFT speedup, goodput
-    per policy at each rate."""
-    def find(**kw):
-        return [r for r in runs if all(r.get(k) == v for k, v in kw.items())]
-
-    policy_mid = {r["policy"]: r for r in find(experiment="policy")
-                  if r["rate"] == next((x["rate"] for x in find(experiment="prefix cache off")),
-                                       None)}
-    off = find(experiment="prefix cache off")
-    on = policy_mid.get("mixed")
-    out = {"decode_engine_over_phases": decode["ratio"]}
-    # mean TTFT without the radix cache / with it, same trace, rate and policy
-    out["prefix_cache_ttft_speedup"] = off[0]["mean_ttft_s"] / on["mean_ttft_s"] \
-        if on and off else None
-    by_rate = {}
-    for r in find(experiment="policy") + find(experiment="peer"):
-        by_rate.setdefault(r["rate"], {})[r["policy"]] = r["summary"]["goodput_requests_per_s"]
-    out["goodput_by_rate"] = [{"rate": k, **v} for k, v in sorted(by_rate.items())]
+def claims(result: dict) -> dict:
+    """What serve.md and the figures lead with, computed from the runs (None where a run is
+    missing): per policy the highest swept rate whose steady-state SLO attainment meets the
+    target and the peak goodput; goodput and attainment at each rate; the prefix-cache pair;
+    the readmissions behind the smallest pool's hit rate; the decode-step ratio."""
+    runs, target = result["runs"], result["setup"]["attainment_target"]
+    swept = [r for r in runs if r["experiment"] in ("policy", "peer") and r.get("steady")]
+    out = {"decode_engine_over_phases": (result.get("decode") or {}).get("ratio"),
+           "saturation_requests_per_s": (result.get("saturation") or {}).get("requests_per_s"),
+           "attainment_target": target}
+    by_rate: dict = {}
+    for r in swept:
+        row = by_rate.setdefault(r["rate"], {"rate": r["rate"],
+                                             "rate_fraction": r.get("rate_fraction")})
+        row[r["policy"]] = {"goodput": r["steady"]["goodput_requests_per_s"],
+                            "attainment": r["steady"]["slo_attainment"]}
+    out["by_rate"] = [by_rate[k] for k in sorted(by_rate)]
+    policies = list(dict.fromkeys(r["policy"] for r in swept))
+    out["max_rate_at_target"] = {p: max((r["rate"] for r in swept if r["policy"] == p
+                                         and r["steady"]["slo_attainment"] >= target),
+                                        default=None) for p in policies}
+    out["peak_goodput"] = {p: max(r["steady"]["goodput_requests_per_s"] for r in swept
+                                  if r["policy"] == p) for p in policies}
+    out["prefix_cache"] = prefix_claim(runs, target)
+    out["pool"] = pool_claim(runs)
     return out
+
+
+def prefix_claim(runs: list[dict], target: float) -> dict | None:
+    """The prefix-cache pair: TTFT with and without, prefill tokens saved, both attainments
+    and whether both runs were below saturation (attainment at the target or above)."""
+    on = next((r for r in runs if r["experiment"] == "prefix cache on"), None)
+    off = next((r for r in runs if r["experiment"] == "prefix cache off"), None)
+    if on is None or off is None:
+        return None
+    att = [(r.get("steady") or r["summary"])["slo_attainment"] for r in (on, off)]
+    return {"rate": on["rate"], "policy": on["policy"], "requests": on["summary"]["requests"],
+            "mean_ttft_on_s": on["mean_ttft_s"], "mean_ttft_off_s": off["mean_ttft_s"],
+            "p50_ttft_on_s": on["summary"]["ttft_s"]["p50"],
+            "p50_ttft_off_s": off["summary"]["ttft_s"]["p50"],
+            "ttft_off_over_on": off["mean_ttft_s"] / on["mean_ttft_s"],
+            "prefill_tokens_on": on["prefill_tokens"], "prefill_tokens_off": off["prefill_tokens"],
+            "prefill_tokens_saved": off["prefill_tokens"] - on["prefill_tokens"],
+            "hit_rate_on": on["hit_rate"], "attainment_on": att[0], "attainment_off": att[1],
+            "both_unsaturated": min(att) >= target}
+
+
+def pool_claim(runs: list[dict]) -> dict | None:
+    """The smallest pool's run: its hit rate against its first admissions' alone, and the
+    readmissions after preemption that make the difference."""
+    pool = [r for r in runs if r["experiment"] == "pool" and r.get("num_pages")]
+    if not pool:
+        return None
+    r = min(pool, key=lambda x: x["num_pages"])
+    return {k: r[k] for k in ("num_pages", "rate", "hit_rate", "first_admission_hit_rate",
+                              "preemptions", "readmissions", "readmit_tokens",
+                              "readmit_hit_tokens")}
 
 
 # ---- the peer: Hugging Face transformers' generate with static batches ---------------------

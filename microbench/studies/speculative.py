@@ -33,6 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from microbench import machines
+
 DRAFTERS = ("draft", "lookup")
 
 
@@ -319,4 +321,5 @@ def roofs_from_peaks(peaks: dict, source: str) -> dict | None:
     if compute is None or memory is None:
         return None
     return {"compute": compute, "memory": memory, "source": source,
+            "machine": machines.result_machine(peaks),
             "names": sorted(n for n in named if n == "GEMM float32" or n.startswith("DRAM"))}

@@ -13,9 +13,10 @@ Read in this order; each file is short and pure Python (numpy for statistics):
                   decode-first, mixed (Sarathi-Serve, Agrawal et al. 2024) and static;
                   cache-aware admission; preemption by recompute. Each step yields a Plan.
     workloads.py  seeded request generators: Poisson or bursty arrivals, shared system
-                  prompts, multi-turn chat, few-shot prefixes
+                  prompts, multi-turn chat, few-shot prefixes, ShareGPT-shaped chat lengths
     metrics.py    TTFT, TPOT, inter-token latency, end-to-end latency, percentiles,
-                  throughput, goodput under SLOs (DistServe, Zhong et al. 2024), utilization
+                  throughput, goodput under SLOs (DistServe, Zhong et al. 2024) over a run or
+                  in its steady-state window, the rate a full queue sustains, utilization
     engine.py     Engine: the scheduler's plans on a real model, its caches in pages (and
                   state slots) gathered through block tables; warmup, run, per-step log
 

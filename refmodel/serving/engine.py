@@ -65,7 +65,7 @@ from flax import nnx
 from refmodel import backends
 from refmodel.kernels.pages import PagedKV, gather_pages
 from refmodel.model import Transformer, init_cache
-from refmodel.serving.pool import PagePool
+from refmodel.serving.pool import PagePool, integer
 from refmodel.serving.radix import RadixCache
 from refmodel.serving.request import Chunk, Plan, Request
 from refmodel.serving.scheduler import Scheduler
@@ -280,9 +280,12 @@ def _step(graphdef, statedef, layout: Layout, greedy: bool, weights, arrays, ini
 class Engine:
     """A model, a page pool (+ radix cache) and a scheduler: `run(requests)` serves them.
 
-    Bad input is a ValueError naming the field: zero pages, a prompt with ids outside the
-    vocabulary, a request longer than the pool or than a learned position table, asking for
-    a prefix cache on a model with state layers.
+    Bad input is a ValueError naming the field, its value and what is allowed: at
+    construction, a count that is not a whole number >= 1 (zero pages, max_running=2.5,
+    token_budget=True), a switch that is not a bool, a prefix cache asked of a model with
+    state layers; at `run`, a prompt with ids outside the vocabulary, a request longer than
+    the pool, max_len or a learned position table (a Request itself refuses float or bool
+    token ids when it is made).
     """
 
     def __init__(self, model: Transformer, num_pages: int, page_size: int = 16,
@@ -291,12 +294,12 @@ class Engine:
                  max_len: int | None = None, shapes: str = "pow2", temperature: float = 0.0,
                  seed: int = 0, array_pages: int | None = None, kernels: str = "auto"):
         cfg = model.cfg
-        if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
-                and temperature >= 0):
-            raise ValueError(f"temperature={temperature!r} must be a finite number >= 0")
+        num_pages, page_size, token_budget, max_running, max_len, array_pages, seed = \
+            _check_args(num_pages=num_pages, page_size=page_size, policy=policy,
+                        token_budget=token_budget, max_running=max_running,
+                        prefix_cache=prefix_cache, cache_aware=cache_aware, max_len=max_len,
+                        temperature=temperature, seed=seed, array_pages=array_pages)
         self.cfg, self.temperature, self.seed = cfg, float(temperature), seed
-        if not (isinstance(page_size, int) and page_size > 0):
-            raise ValueError(f"page_size={page_size!r} must be a positive integer")
         if kernels not in KERNELS:
             raise ValueError(f"kernels={kernels!r}: choose one of {KERNELS}")
         # the page kernels read float32 pages: "auto" as for float32 weights
@@ -322,13 +325,11 @@ class Engine:
         # array_pages >= num_pages: rows allocated (a pool-size sweep keeps one array shape,
         # hence one compile, and lets the pool use only num_pages of them)
         rows = num_pages if array_pages is None else array_pages
-        if not isinstance(rows, int) or rows < num_pages:
+        if rows < num_pages:
             raise ValueError(f"array_pages={array_pages!r} must be an integer >= num_pages="
                              f"{num_pages}")
         self.arrays = self.layout.allocate(rows)
         self.scratch = rows
-        if max_len is not None and (not isinstance(max_len, int) or max_len < 1):
-            raise ValueError(f"max_len={max_len!r} must be a positive integer or None")
         # One view of max_len tokens for every call (vLLM's max_model_len): one compiled
         # shape per (rows, tokens); None: the view is the rows' pages rounded up to 2^k.
         self.max_len = max_len
@@ -502,6 +503,29 @@ class Engine:
         if B not in self._placeholder:
             self._placeholder[B] = jax.random.split(jax.random.key(0), B)
         return self._placeholder[B]
+
+
+def _check_args(**args) -> tuple:
+    """The Engine's arguments checked at construction, each error naming the field, its value
+    and what is allowed: counts are integers (a float such as max_running=2.5 is refused, not
+    rounded; a bool is not a count), switches are bools, the temperature a finite number.
+    Returns the counts as Python ints: num_pages, page_size, token_budget, max_running,
+    max_len, array_pages (None stays None), seed."""
+    counts = [integer(name, args[name]) for name in ("num_pages", "page_size", "token_budget",
+                                                      "max_running")]
+    counts += [None if args[name] is None else integer(name, args[name])
+               for name in ("max_len", "array_pages")]
+    counts.append(integer("seed", args["seed"], minimum=None))
+    for name, allowed in (("prefix_cache", (True, False, None)), ("cache_aware", (True, False))):
+        if not any(args[name] is a for a in allowed):
+            raise ValueError(f"{name}={args[name]!r}: choose one of {allowed}")
+    t = args["temperature"]
+    if isinstance(t, bool) or not isinstance(t, (int, float, np.integer, np.floating)) or \
+            not math.isfinite(t) or t < 0:
+        raise ValueError(f"temperature={t!r} must be a finite number >= 0 (0: greedy)")
+    if not isinstance(args["policy"], str):
+        raise ValueError(f"policy={args['policy']!r}: must be a name (str)")
+    return tuple(counts)
 
 
 @jax.jit

@@ -14,6 +14,19 @@ has no TPOT and meets that SLO). Here `goodput` is such requests per second of t
 `slo_attainment` their fraction; DistServe's headline number, the highest request rate whose
 attainment stays above a target (e.g. 90%), is read off a sweep of runs over rates.
 
+A run's whole span includes its warm-up (the first requests find an empty server) and its
+drain (the last ones finish after arrivals stop), so requests over the whole span is below the
+offered rate even when every request is served at once. `steady` measures in a window instead:
+the requests that arrived between the arrivals of the `trim` first and `trim` last ones.
+Goodput there is the window's arrival rate times the fraction of its requests meeting both
+SLOs (so it equals the offered rate when all meet them); throughput is the requests completed,
+and the tokens produced, inside the window per second. At an overloaded rate the queue grows
+through the window, so attainment falls with the run's length: no rate past saturation has a
+steady state.
+`completion_rate` is what a server sustains: requests completed per second between its
+`trim` first and `trim` last completions, under a queue that never empties (e.g. every
+request arriving at once).
+
 Pool utilization is time-weighted: a sample (t, used, cached) holds until the next one.
 """
 
@@ -147,3 +160,50 @@ def summarize(timelines: Sequence[Timeline], ttft_slo: float, tpot_slo: float,
         "slo_attainment": slo_attainment(timelines, ttft_slo, tpot_slo),
         "goodput_requests_per_s": goodput(timelines, ttft_slo, tpot_slo, span),
     }
+
+
+def _trimmed(n: int, trim: float) -> int:
+    if not 0 <= trim < 0.5:
+        raise ValueError(f"trim={trim!r}: must be in [0, 0.5)")
+    k = int(math.floor(n * trim))
+    if n - 2 * k < 2:
+        raise ValueError(f"{n} requests leave {n - 2 * k} after trimming {trim:g} at each end: "
+                         "give more requests (at least 2 must remain)")
+    return k
+
+
+def steady(timelines: Sequence[Timeline], ttft_slo: float, tpot_slo: float,
+           trim: float = 0.1) -> dict:
+    """Goodput, SLO attainment and throughput in the steady-state window (module docstring):
+    the requests whose arrival is not among the `trim` first or last."""
+    order = sorted(timelines, key=lambda t: t.arrival)
+    k = _trimmed(len(order), trim)
+    kept = order[k:len(order) - k]
+    start, end = kept[0].arrival, kept[-1].arrival
+    if not end > start:
+        raise ValueError("the window's requests all arrive at once: a steady-state window "
+                         "needs a finite arrival rate (use completion_rate)")
+    span = end - start
+    rate = (len(kept) - 1) / span  # the window's arrival rate: its gaps' mean, inverted
+    met = sum(t.meets(ttft_slo, tpot_slo) for t in kept)
+    done = sum(start <= t.token_times[-1] <= end for t in timelines)
+    tokens = sum(int(np.sum((np.asarray(t.token_times) >= start)
+                            & (np.asarray(t.token_times) <= end))) for t in timelines)
+    return {"trim": trim, "start_s": start, "end_s": end, "window_s": span,
+            "requests": len(kept), "arrival_rate": rate,
+            "slo_attainment": met / len(kept),
+            "goodput_requests_per_s": rate * met / len(kept),
+            "completed_requests_per_s": done / span, "output_tokens_per_s": tokens / span,
+            "ttft_s": percentiles([t.ttft for t in kept]),
+            "tpot_s": percentiles([t.tpot for t in kept])}
+
+
+def completion_rate(timelines: Sequence[Timeline], trim: float = 0.1) -> float:
+    """Requests completed per second between the `trim` first and `trim` last completions:
+    the rate a server sustains when its queue never empties."""
+    done = np.sort([t.token_times[-1] for t in timelines])
+    k = _trimmed(len(done), trim)
+    span = done[len(done) - k - 1] - done[k]
+    if not span > 0:
+        raise ValueError("the window's requests all complete at once: no rate to measure")
+    return float((len(done) - 2 * k - 1) / span)

@@ -36,6 +36,7 @@ preemption can cure - the scheduler catches it, nothing else should.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable
 
 
@@ -47,6 +48,17 @@ class OutOfPages(RuntimeError):
         self.needed, self.free = needed, free
 
 
+def integer(name: str, value, minimum: int | None = 1) -> int:
+    """`value` as an int, or a ValueError naming the field, the value and what is allowed: a
+    whole number (Python's or numpy's; not a bool, a float or a string) >= `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        bound = f" >= {minimum}" if minimum is not None else ""
+        raise ValueError(f"{name}={value!r} ({type(value).__name__}): must be an integer{bound}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name}={value!r}: must be an integer >= {minimum}")
+    return int(value)
+
+
 def pages_for(tokens: int, page_size: int) -> int:
     """Pages that hold `tokens` tokens: ceil(tokens / page_size)."""
     return -(-tokens // page_size)
@@ -56,10 +68,9 @@ class PagePool:
     """`num_pages` pages of `page_size` tokens: a free list, reference counts, block tables."""
 
     def __init__(self, num_pages: int, page_size: int, slot_pages: int = 1):
-        for name, value in [("num_pages", num_pages), ("page_size", page_size),
-                            ("slot_pages", slot_pages)]:
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r}: must be a positive integer")
+        num_pages, page_size, slot_pages = (integer(name, value) for name, value in
+                                            [("num_pages", num_pages), ("page_size", page_size),
+                                             ("slot_pages", slot_pages)])
         self.num_pages, self.page_size, self.slot_pages = num_pages, page_size, slot_pages
         self.ref = [0] * num_pages
         self.cached: set[int] = set()

@@ -11,8 +11,10 @@ Chunks of tokens to feed each sequence at given positions, and which of them sam
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
+from refmodel.serving.pool import integer
 from refmodel.serving.radix import Match
 
 
@@ -24,17 +26,37 @@ class Request:
     arrival: float = 0.0
 
     def __post_init__(self):
-        object.__setattr__(self, "prompt", tuple(int(t) for t in self.prompt))
-        if not self.prompt:
-            raise ValueError(f"request {self.id}: prompt is empty; give at least one token")
-        if min(self.prompt) < 0:
-            raise ValueError(f"request {self.id}: prompt holds a negative token id")
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(f"request {self.id}: max_new_tokens={self.max_new_tokens!r} "
-                             "must be a positive integer")
-        if not math.isfinite(self.arrival) or self.arrival < 0:
-            raise ValueError(f"request {self.id}: arrival={self.arrival!r} must be finite "
-                             "and >= 0")
+        """Each field checked here, at construction: an error names the request, the field,
+        the value and what is allowed (a float token id is refused, not truncated)."""
+        object.__setattr__(self, "id", integer("Request id", self.id, minimum=None))
+        object.__setattr__(self, "prompt", _token_ids(self.id, self.prompt))
+        object.__setattr__(self, "max_new_tokens",
+                           integer(f"request {self.id}: max_new_tokens", self.max_new_tokens))
+        a = self.arrival
+        if isinstance(a, bool) or not isinstance(a, numbers.Real) or not math.isfinite(a) \
+                or a < 0:
+            raise ValueError(f"request {self.id}: arrival={a!r} must be a finite number of "
+                             "seconds >= 0")
+        object.__setattr__(self, "arrival", float(a))
+
+
+def _token_ids(rid, prompt) -> tuple[int, ...]:
+    """The prompt as a tuple of ints, each checked: an integer (not a bool, a float or a
+    string) >= 0 (the engine checks the upper end against its model's vocabulary)."""
+    if isinstance(prompt, (str, bytes)) or not hasattr(prompt, "__iter__"):
+        raise ValueError(f"request {rid}: prompt={prompt!r:.60} must be a sequence of integer "
+                         "token ids")
+    ids = tuple(prompt)
+    if not ids:
+        raise ValueError(f"request {rid}: prompt is empty; give at least one token")
+    for i, t in enumerate(ids):
+        if type(t) is not int and (isinstance(t, bool) or not isinstance(t, numbers.Integral)):
+            raise ValueError(f"request {rid}: prompt[{i}]={t!r} ({type(t).__name__}) is not a "
+                             "token id: give integers >= 0")
+        if t < 0:
+            raise ValueError(f"request {rid}: prompt[{i}]={t} is a negative token id: give "
+                             "integers >= 0")
+    return tuple(int(t) for t in ids)
 
 
 @dataclass(eq=False)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Mapping
 
-from refmodel.serving.pool import PagePool
+from refmodel.serving.pool import PagePool, integer
 from refmodel.serving.radix import RadixCache
 from refmodel.serving.request import Chunk, Plan, Request, Sequence
 
@@ -48,11 +48,13 @@ class Scheduler:
     def __init__(self, pool: PagePool, policy: str = "mixed", token_budget: int = 256,
                  max_running: int = 32, cache: RadixCache | None = None,
                  cache_aware: bool = True, slots: int = 0):
-        if policy not in POLICIES:
+        if not isinstance(policy, str) or policy not in POLICIES:
             raise ValueError(f"policy={policy!r}: choose one of {POLICIES}")
-        for name, value in [("token_budget", token_budget), ("max_running", max_running)]:
-            if value < 1:
-                raise ValueError(f"{name}={value}: must be >= 1")
+        token_budget, max_running = integer("token_budget", token_budget), \
+            integer("max_running", max_running)
+        slots = integer("slots", slots, minimum=0)
+        if not isinstance(cache_aware, bool):
+            raise ValueError(f"cache_aware={cache_aware!r}: must be True or False")
         self.pool, self.policy, self.cache, self.cache_aware = pool, policy, cache, cache_aware
         self.token_budget, self.max_running, self.slots = token_budget, max_running, slots
         self.pending: list[tuple[float, int, Request]] = []  # a heap of future arrivals
@@ -61,6 +63,9 @@ class Scheduler:
         self.finished: dict[int, Sequence] = {}
         self.usage: list[tuple[float, int, int]] = []  # (time, used pages, cached pages)
         self.steps = self.preemptions = 0
+        # readmissions after preemption: how many, the tokens each brought back (prompt and
+        # output so far) and how many of those the radix cache held (its earlier pages)
+        self.readmissions = self.readmit_tokens = self.readmit_hit_tokens = 0
         self._ids: set[int] = set()
 
     # ---- the outside ----------------------------------------------------------------------
@@ -140,6 +145,9 @@ class Scheduler:
                 self._chunk(plan, seq, chunked, may_preempt=True)
         if not admit or plan.preempted:  # memory is short: readmitting now would thrash
             return
+        if not self.waiting or len(self.running) >= self.max_running or \
+                plan.num_tokens >= self.token_budget:
+            return  # nobody can join: skip ordering the queue (a prefix match per request)
         for seq in self._admission_order():
             if len(self.running) >= self.max_running or plan.num_tokens >= self.token_budget:
                 return
@@ -191,7 +199,14 @@ class Scheduler:
         seq.computed = seq.match.length if seq.match else 0
         self.waiting.remove(seq)
         self.running.append(seq)
+        if seq.preemptions:
+            self._count_readmission(seq, +1)
         return True
+
+    def _count_readmission(self, seq: Sequence, sign: int) -> None:
+        self.readmissions += sign
+        self.readmit_tokens += sign * len(seq.tokens)
+        self.readmit_hit_tokens += sign * seq.computed
 
     def _reserve(self, plan: Plan, seq: Sequence, n: int, may_preempt: bool) -> bool:
         """Pages for `n` more tokens of `seq`; preempts the newest running sequence (perhaps
@@ -215,7 +230,10 @@ class Scheduler:
         return True
 
     def _release(self, seq: Sequence, cancel: bool) -> None:
-        """Back to the queue with its pages freed (its KV will be recomputed)."""
+        """Back to the queue with its pages freed (its KV will be recomputed); `cancel`: its
+        admission in this step is taken back (and not counted)."""
+        if cancel and seq.preemptions:
+            self._count_readmission(seq, -1)
         self.pool.close(seq.id)
         if seq.match is not None:
             self.cache.release(seq.match, cancel=cancel)

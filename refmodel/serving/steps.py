@@ -117,6 +117,11 @@ class Run:
     compiles: int
     prefix_cache: bool
     num_pages: int
+    # requests readmitted after a preemption: how many times, the tokens they brought back
+    # (prompt + output so far) and how many of those were prefix-cache hits
+    readmissions: int = 0
+    readmit_tokens: int = 0
+    readmit_hit_tokens: int = 0
 
 
 class WallClock:
@@ -155,6 +160,7 @@ def serve(sched: Scheduler, requests: list[Request], execute: Callable[[Plan], d
     sched.submit(requests)
     cache = sched.cache
     usage0, preempt0, compiles0 = len(sched.usage), sched.preemptions, compiles()
+    readmit0 = sched.readmissions, sched.readmit_tokens, sched.readmit_hit_tokens
     hit0, miss0 = (cache.hit_tokens, cache.miss_tokens) if cache else (0, 0)
     evict0 = cache.evicted_pages if cache else 0
     steps: list[Step] = []
@@ -187,4 +193,7 @@ def serve(sched: Scheduler, requests: list[Request], execute: Callable[[Plan], d
                preemptions=sched.preemptions - preempt0,
                evicted_pages=cache.evicted_pages - evict0 if cache else 0,
                compiles=compiles() - compiles0,
-               prefix_cache=cache is not None, num_pages=sched.pool.num_pages)
+               prefix_cache=cache is not None, num_pages=sched.pool.num_pages,
+               readmissions=sched.readmissions - readmit0[0],
+               readmit_tokens=sched.readmit_tokens - readmit0[1],
+               readmit_hit_tokens=sched.readmit_hit_tokens - readmit0[2])

@@ -15,6 +15,8 @@ Shapes of traffic where prefix caching matters (SGLang, Zheng et al. 2024, measu
     shared_prefix    one system prompt before every user prompt (chat products, agents)
     multi_turn       conversations whose every turn resends the whole history so far
     few_shot         a few task prefixes of worked examples, each followed by a question
+    chat_like        ShareGPT's prompt and output lengths (as the vLLM paper reports them),
+                     scaled down, after an optional shared system prompt
 
 Token ids are uniform in [0, vocab). Request ids follow arrival order.
 """
@@ -136,3 +138,53 @@ def few_shot(n: int, rate: float, shots: int = 5, shot_len: float = 100,
     task = rng.integers(0, tasks, size=n)
     return _requests([(t[i], prefixes[task[i]] + _tokens(rng, q[i], vocab), o[i])
                       for i in range(n)])
+
+
+# ShareGPT (conversations users shared with ChatGPT) is the trace the serving papers take their
+# chat lengths from. Kwon et al. 2023 (vLLM, "Efficient Memory Management for Large Language
+# Model Serving with PagedAttention", Fig. 11): mean input 161.31 tokens, mean output 337.99
+# tokens, 8.4x and 5.8x Alpaca's, "with higher variance". vLLM's serving benchmark keeps the
+# pairs with 4 <= prompt <= 1024 and prompt + output <= 2048 tokens (sample_sharegpt_requests).
+SHAREGPT = {"input_mean": 161.31, "output_mean": 337.99, "max_prompt": 1024, "max_total": 2048,
+            "source": "Kwon et al. 2023 (vLLM), Fig. 11; vLLM benchmark_serving.py's filter"}
+# The paper gives means and a histogram, not a spread: sigma = sqrt(ln 2) of the log length
+# makes the standard deviation equal the mean (coefficient of variation 1; median = 0.71 x
+# mean), a long tail like the histogram's. A stated choice, not a published moment.
+CHAT_SPREAD = math.sqrt(math.log(2))
+
+
+def chat_lengths(rng: np.random.Generator, n: int, scale: float = 1.0,
+                 spread: float = CHAT_SPREAD) -> tuple[np.ndarray, np.ndarray]:
+    """n (prompt, output) length pairs: lognormal with ShareGPT's means x `scale` and log
+    spread `spread`, each pair kept only if it passes vLLM's filter scaled the same way
+    (prompt <= 1024 x scale, prompt + output <= 2048 x scale; both >= 1), else redrawn."""
+    _check("scale", scale, 0, strict=True)
+    _check("spread", spread, 0)
+    cap_prompt = max(1, int(SHAREGPT["max_prompt"] * scale))
+    cap_total = max(2, int(SHAREGPT["max_total"] * scale))
+    prompts, outputs = [], []
+    while len(prompts) < n:
+        k = 2 * (n - len(prompts)) + 8
+        p = lengths(rng, k, SHAREGPT["input_mean"] * scale, spread, "prompt_len")
+        o = lengths(rng, k, SHAREGPT["output_mean"] * scale, spread, "output_len")
+        keep = (p <= cap_prompt) & (p + o <= cap_total)
+        prompts += p[keep].tolist()
+        outputs += o[keep].tolist()
+    return np.array(prompts[:n]), np.array(outputs[:n])
+
+
+def chat_like(n: int, rate: float, scale: float = 1.0, system_len: int = 0,
+              spread: float = CHAT_SPREAD, vocab: int = 1000, seed: int = 0,
+              cv: float = 1.0) -> list[Request]:
+    """Independent chat requests with ShareGPT's lengths x `scale` (chat_lengths), each after
+    the same `system_len`-token system prompt (0: none). The arrivals come from their own
+    random stream: at any rate (inf included) the same seed gives the same requests, in the
+    same order, only their arrival times differ."""
+    _check("system_len", system_len, 0)
+    _check("vocab", vocab, 2)
+    _check("n", n)
+    rng = np.random.default_rng(seed)
+    system = _tokens(rng, int(system_len), vocab)
+    p, o = chat_lengths(rng, n, scale, spread)
+    t = arrivals(np.random.default_rng([seed, 1]), n, rate, cv)
+    return _requests([(t[i], system + _tokens(rng, p[i], vocab), o[i]) for i in range(n)])

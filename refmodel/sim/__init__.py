@@ -5,8 +5,9 @@ times instead of a model, and analytic models of designs no laptop can run.
     simulator.py  Simulator: the engine's Scheduler, PagePool and RadixCache on a virtual
                   clock, each step's time from a predictor
     predict.py    TableTime (measured call times of this engine), RooflineTime (counted
-                  FLOPs and bytes on a Chip: this engine's calls, or an ideal fused engine
-                  with tensor parallelism)
+                  FLOPs and bytes on a Chip, plus a cost per compiled kernel: this engine's
+                  calls; or an ideal fused engine with tensor parallelism), step_plan (a
+                  recorded step as a Plan, to price each step an engine ran)
     disagg.py     prefill/decode disaggregation: prefill and decode pools, the KV cache of
                   each prompt moved over a link, xPyD searched (DistServe, Splitwise)
     afd.py        attention-FFN disaggregation with micro-batch ping-pong (MegaScale-Infer)

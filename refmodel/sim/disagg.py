@@ -21,8 +21,8 @@ engine's own scheduler (refmodel.sim.simulator), one Simulator per instance:
         the prefill instance's, the transfer shows in the first inter-token gap.
 
 Routing is round-robin (in arrival order) on both sides: simple and stated; a real router
-balances load (DistServe places by queue length). Goodput per chip: requests per second that
-meet both SLOs (DistServe's definition), over the chips the design uses.
+balances load (DistServe places by queue length). The timelines are judged elsewhere
+(microbench.studies.scale: p99 TTFT and TPOT against published SLOs, per chip the design uses).
 """
 
 from __future__ import annotations
@@ -95,8 +95,3 @@ def disaggregated(requests: Sequence[Request], make_prefill: Callable[[], Simula
                  for r in requests}
     return {"timelines": timelines, "transfers": transfers}
 
-
-def goodput_per_chip(timelines: dict[int, metrics.Timeline], chips: int, ttft_slo: float,
-                     tpot_slo: float) -> float:
-    """Requests per second meeting both SLOs, per chip."""
-    return metrics.goodput(list(timelines.values()), ttft_slo, tpot_slo) / chips

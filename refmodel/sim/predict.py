@@ -4,7 +4,9 @@
                   timed on the engine itself (`Engine.time_shapes`), summed over the step's
                   calls (`refmodel.serving.steps.plan_calls`), plus a per-step host time
     RooflineTime  counted: each call's FLOPs and bytes (`refmodel.costs.step_costs`) on a
-                  Chip's roofline plus its per-call floor. `calls` says what is called:
+                  Chip's roofline plus its per-call floor, plus (given `kernels` and
+                  `per_kernel_s`) a measured cost per kernel times the kernels the call's
+                  compiled program launches. `calls` says what is called:
                   EngineCalls, this project's engine (padded rows and tokens over a fixed
                   view of max_len, the paged view gathered and written before attention:
                   the roofline of what it actually executes); or None, an ideal fused engine
@@ -15,22 +17,32 @@
                   attention and every FFN block over a Link; replicated norms and embeddings
                   and KV heads fewer than tp, which real engines replicate, are not modelled)
 
-A roofline prediction is a floor on time, not a fit: nothing here is tuned to the runs it
-predicts. The gap between RooflineTime and the engine is the engine's distance from its
-roofs; the gap between TableTime and the engine is what the queue adds to call-time noise.
+A roofline prediction is counted, not fitted: nothing here is tuned to the runs it
+predicts. Without the per-kernel term it is a floor on time, and the gap to the engine is
+the engine's distance from its roofs; the gap between TableTime and the engine is what the
+queue adds to call-time noise. A small model's call is short enough that its kernels, not
+its bytes, set its time (a hundred-odd kernels of some microseconds each, against a tenth of
+a millisecond of bytes at the roofs): the per-kernel term counts them, one cost per kernel
+measured on one call before any run (microbench.studies.simulate.kernel_cost) times each
+call's own count.
+
+`step_plan(step)` turns a recorded step (refmodel.serving.steps.Step: its prefill chunk
+lengths and decode rows) back into a Plan of the same shape, so a predictor can price each
+step an engine actually ran, one by one.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from refmodel import attention, costs
 from refmodel.config import ModelConfig
 from refmodel.counting import BYTES
-from refmodel.serving.request import Plan
-from refmodel.serving.steps import Call, plan_calls, view_pages
+from refmodel.serving.request import Chunk, Plan
+from refmodel.serving.steps import Call, Step, plan_calls, view_pages
 from refmodel.sim.cluster import Chip, Link
 
 
@@ -85,9 +97,17 @@ class RooflineTime:
     def __init__(self, cfg: ModelConfig, chip: Chip, calls: EngineCalls | None = None,
                  tp: int = 1, link: Link | None = None, weight_dtype: str | None = None,
                  kv_dtype: str | None = None, act_dtype: str | None = None,
-                 host_s: float = 0.0, bandwidth_at: Callable[[float], float] | None = None):
+                 host_s: float = 0.0, bandwidth_at: Callable[[float], float] | None = None,
+                 kernels: Mapping[tuple[int, int], int] | Callable[[tuple[int, int]], int]
+                 | None = None, per_kernel_s: float = 0.0):
         if not isinstance(tp, int) or tp < 1:
             raise ValueError(f"tp={tp!r}: must be a positive integer")
+        if isinstance(per_kernel_s, bool) or not isinstance(per_kernel_s, (int, float)) or \
+                not math.isfinite(per_kernel_s) or per_kernel_s < 0:
+            raise ValueError(f"per_kernel_s={per_kernel_s!r}: must be a finite number >= 0")
+        if per_kernel_s and (kernels is None or calls is None):
+            raise ValueError(f"per_kernel_s={per_kernel_s!r} needs calls (EngineCalls) and "
+                             "kernels (each call shape's kernel count)")
         if tp > 1 and link is None:
             raise ValueError(f"tp={tp}: tensor parallelism needs a link for its all-reduces")
         if tp > 1 and calls is not None:
@@ -98,6 +118,9 @@ class RooflineTime:
         self.kv_token = costs.kv_bytes_per_token(cfg, kv_dtype or cfg.dtype)
         self.host_s = float(host_s)
         self.bandwidth_at = bandwidth_at  # bytes/s for a call's working set (cache levels)
+        # (B, T) -> kernels the compiled call launches (a table or a function of the shape)
+        self.kernels = kernels.__getitem__ if isinstance(kernels, Mapping) else kernels
+        self.per_kernel_s = float(per_kernel_s)
         self._memo: dict = {}
 
     def __call__(self, plan: Plan) -> float:
@@ -109,7 +132,8 @@ class RooflineTime:
     def engine_call(self, shape: tuple[int, int]) -> float:
         """Seconds of one engine call (B rows of T tokens over the fixed view): the model on
         the padded rows plus the gather that writes the view (read the pages, write the
-        view: 2 x the view's KV bytes; the model's own read of the view is in its count)."""
+        view: 2 x the view's KV bytes; the model's own read of the view is in its count),
+        plus per_kernel_s for each kernel the call launches."""
         if shape not in self._memo:
             B, T = shape
             S = self.calls.view(T)
@@ -122,6 +146,8 @@ class RooflineTime:
                 bw = self.bandwidth_at(c["weight_bytes"] + gather)
                 self._memo[shape] = self.chip.floor + max(c["flops"] / self.chip.flops,
                                                           nbytes / bw)
+            if self.per_kernel_s:
+                self._memo[shape] += self.per_kernel_s * self.kernels(shape)
         return self._memo[shape]
 
     def fused(self, chunks: tuple[tuple[int, int], ...]) -> float:
@@ -190,3 +216,13 @@ class RooflineTime:
             self._memo[key] = (c["flops"] - f - one.flops + rows.flops,
                                c["bytes"] - b - one.bytes + rows.bytes)
         return self._memo[key]
+
+
+def step_plan(step: Step) -> Plan:
+    """A Plan of a recorded step's shape: a chunk of the same length for each prefill, one
+    row per decode. Token ids and positions are placeholders (0), so it prices the step with
+    an EngineCalls predictor (TableTime, RooflineTime with calls), whose calls depend only on
+    those lengths, not with the ideal fused engine (calls=None), which reads positions."""
+    prefill = [Chunk(seq, 0, (0,) * n, True) for seq, n in step.prefill]
+    decode = [Chunk(-1 - i, 0, (0,), True) for i in range(step.decode_rows)]
+    return Plan(0, prefill=prefill, decode=decode)

@@ -1,0 +1,44 @@
+"""Notebook 09's checks on what it measures, each fed a right and a wrong measurement."""
+
+from __future__ import annotations
+
+import pytest
+from notebook_checks import load_checks
+
+CHECKS = load_checks("09_speculative_decoding")
+
+
+def test_rejection_sampling():
+    check = CHECKS["check_rejection_sampling"]
+    check(0.006, 0.35, 0.651, 0.65)
+    with pytest.raises(AssertionError, match="not distributed as p"):
+        check(0.30, 0.35, 0.651, 0.65)  # a rule that emits the draft's distribution
+    with pytest.raises(AssertionError, match="acceptance"):
+        check(0.006, 0.35, 0.90, 0.65)
+
+
+def test_speedup_prediction():
+    check = CHECKS["check_speedup_prediction"]
+    runs = [{"drafter": "draft", "k": 4, "measured": 1.38, "predicted": 1.45},
+            {"drafter": "lookup", "k": 8, "measured": 1.94, "predicted": 1.60}]
+    check(runs, (0.75, 1.25))
+    with pytest.raises(AssertionError, match="lookup k=8"):
+        check(runs + [{"drafter": "lookup", "k": 8, "measured": 3.2, "predicted": 1.6}],
+              (0.75, 1.25))  # a speculative time that left out the verify
+    with pytest.raises(AssertionError, match="outside"):
+        check([{"drafter": "draft", "k": 4, "measured": 0.5, "predicted": 1.45}], (0.4, 2.5))
+
+
+def test_no_control_characters_in_the_text():
+    """LaTeX in a Python string is where a control character hides ('\\a' of '\\approx' in a
+    string that is not raw is a BEL): the notebook's text, and every string constant of its
+    code, carry none."""
+    import ast
+
+    from notebook_checks import NOTEBOOKS
+
+    text = (NOTEBOOKS / "09_speculative_decoding.py").read_text()
+    strings = [n.value for n in ast.walk(ast.parse(text))
+               if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    bad = [repr(c) for t in [text, *strings] for c in t if ord(c) < 32 and c not in "\n\t"]
+    assert not bad, bad[:5]
