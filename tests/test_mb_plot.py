@@ -180,8 +180,8 @@ def test_figures_refuses_a_folder_that_mixes_machines(tmp_path, capsys):
 
 # plots/ modules in dependency order: each imports only modules before it (no cycle).
 PLOTS_ORDER = ("common", "roofline", "hierarchy", "claims", "points", "sweeps", "breakdown",
-               "serving", "scale", "simulate", "speculative", "quant", "collectives", "parallel", "decode",
-               "summary", "results", "saved")
+               "serving", "scale", "simulate", "speculative", "quant", "collectives", "parallel",
+               "decode", "summary", "results", "saved")
 
 
 def test_plots_modules_import_only_earlier_ones():
