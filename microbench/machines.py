@@ -148,3 +148,26 @@ def data_folder(*names: str, root: str | Path = DATA_ROOT, machine: str | None =
 def figures_folder(*names: str, root: str | Path = DATA_ROOT, machine: str | None = None) -> Path:
     """figures/<machine>/: where `figures` draws the folder that data_folder(*names) finds."""
     return Path(root).parent / data_folder(*names, root=root, machine=machine).name
+
+
+def peaks_here(path: str | Path | None = None) -> Path | None:
+    """This machine's peaks.json: `path` when given (ValueError if missing, or measured on
+    another kind of machine), else the main job's results/microbench/peaks.json, else the
+    committed figures/data/<this machine>/peaks.json, each only when this kind of machine
+    measured it; None when there is none. What a study or notebook predicts this machine with:
+    another machine's roofs would put two machines on one figure."""
+    from microbench.files import read_json
+
+    here = this_machine()
+    if path is not None:
+        if not Path(path).is_file():
+            raise ValueError(f"--peaks {path}: no such file")
+        theirs = result_machine(read_json(path))
+        if theirs is not None and theirs != here:
+            raise ValueError(f"--peaks {path}: measured on {theirs}, and this machine is "
+                             f"{here}; a study predicts with its own machine's roofs")
+        return Path(path)
+    for candidate in (Path("results/microbench/peaks.json"), DATA_ROOT / str(here) / "peaks.json"):
+        if candidate.is_file() and result_machine(read_json(candidate)) == here:
+            return candidate
+    return None

@@ -346,8 +346,8 @@ display(fig)
 
 # %% [markdown]
 # Above: this run (quick mode, the `tiny` preset unless `LAB_FULL=1`). Below, for comparison:
-# the committed full-size figure (`figures/phases_roofline.png`, drawn by
-# `python -m microbench figures` from `figures/data/phases.json`: the preset
+# the committed full-size figure (`figures/<machine>/phases_roofline.png`, drawn by
+# `python -m microbench figures` from `figures/data/<machine>/phases.json`: the preset
 # and the machine named in its title), whose points sit near the roofs.
 
 # %%

@@ -238,8 +238,8 @@ display(plots.throughput_figure([result]))
 # Above: this run (quick mode: the `small` preset, 20 MB of float32 weights, small enough to
 # fit the last-level cache but timed, like every decode phase, after the caches are evicted;
 # its steps are short enough for a fixed per-call cost to matter). Below, for
-# comparison: the committed full-size figure (`figures/batch.png`, drawn by
-# `python -m microbench figures` from `figures/data/phases.json`: the `bench` preset, its
+# comparison: the committed full-size figure (`figures/<machine>/batch.png`, drawn by
+# `python -m microbench figures` from `figures/data/<machine>/phases.json`: the `bench` preset, its
 # weights in DRAM).
 
 # %%

@@ -359,9 +359,9 @@ display(fig)
 # a fixed per-call cost, so the measured curve is nearly flat; the modelled panel is where the
 # crossover shows. `LAB_FULL=1` measures every variant on the `small` preset: MHA, GQA, MQA,
 # MLA naive and absorbed, sliding, sparse and linear attention. Below, for comparison with
-# the quick run above: the committed full-size figure (`figures/crossover.png`, drawn by
-# `python -m microbench figures` from `figures/data/phases.json`: measured decode attention
-# vs context on the `bench` preset, and the modelled ratios).
+# the quick run above: the committed full-size figure (`figures/<machine>/crossover.png`,
+# drawn by `python -m microbench figures` from `figures/data/<machine>/phases.json`: measured
+# decode attention vs context on the `bench` preset, and the modelled ratios).
 
 # %%
 committed = FIGURES / "crossover.png"

@@ -188,7 +188,7 @@ print("no phase above its roofline")
 # %% [markdown]
 # ## Step 4 · Compare with the bundled results of other machines
 #
-# `figures/data/peaks.json` and `figures/data/phases.json` are written by a full
+# `figures/data/<machine>/peaks.json` and `phases.json` are written by a full
 # `python -m microbench run` and committed with the machine named inside. If they are not
 # there (a fresh checkout before the first full run), this step says so and skips the
 # comparison; nothing is faked.

@@ -421,7 +421,7 @@ for p in ("mixed", "static"):
 # policy serves. Compare the TPOT columns too: static batching never mixes prefill into a
 # decode step, so its TPOT can be the lower one; continuous batching trades a little TPOT for
 # much shorter queues. `python -m microbench serve` runs the same method on `small` with four
-# policies and transformers' static batches as a peer (`figures/serve_goodput.png`).
+# policies and transformers' static batches as a peer (`figures/<machine>/serve_goodput.png`).
 #
 # The pool over that run, at 0.75x the saturation: (time, used pages, cached pages) after
 # every step. "Used" pages are held by running sequences (shared ones counted once); "cached"

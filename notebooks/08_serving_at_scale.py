@@ -64,7 +64,6 @@ from refmodel.sim.simulator import OUTPUT_TOKEN, Simulator
 # %%
 QUICK = os.environ.get("LAB_FULL", "0") != "1"  # parameter: LAB_FULL=1 for publication size
 MACHINE = peaks.machine_label(harness.environment())
-DATA = machines.data_folder("peaks")  # figures/data/<machine>/: one machine's runs
 # On paper (steps 3-6): one device, bf16 weights, KV and activations
 DEVICE, DTYPE = "H100 SXM", "bfloat16"
 PAPER_REQUESTS = 24 if QUICK else 160
@@ -281,8 +280,9 @@ for frac, c in compared.items():
 # %% [markdown]
 # A counted predictor instead of a measured one: `RooflineTime` with `EngineCalls` counts each
 # call's FLOPs and bytes (the padded rows over the fixed view, plus the gather that builds
-# it) on this machine's roofs from `figures/data/peaks.json` (when the bundled file exists;
-# otherwise a stated guess), plus the dispatch cost of a call. Bytes alone predict a small
+# it) on this machine's roofs (`machines.peaks_here`: the main job's results/microbench/, else
+# the committed figures/data/<machine>/ when this kind of machine measured them; otherwise a
+# stated guess), plus the dispatch cost of a call. Bytes alone predict a small
 # model's call at a fraction of its time: its time goes to its kernels, each some
 # microseconds of small products on one core, page kernels and runtime work. So the
 # predictor also charges a cost per kernel times the kernels each call's compiled program
@@ -295,8 +295,8 @@ for frac, c in compared.items():
 # which a cost per kernel does not count.
 
 # %%
-peaks_file = DATA / "peaks.json"
-if peaks_file.exists():
+peaks_file = machines.peaks_here()  # this machine's own roofs, never another machine's
+if peaks_file is not None:
     chip, curve, info = simulate.machine_chip(json.loads(peaks_file.read_text()))
     source = f"roofs measured on '{chip.name}' (peaks.json)"
 else:  # an assumption, stated: a 2-core CPU's order of magnitude

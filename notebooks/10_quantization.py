@@ -343,8 +343,8 @@ for name, fmt in (("int8 quant.matmul", "int8"), ("int8 dequantize, dot", "int8"
 print("every formulation computes x @ dequantize(w)")
 
 # %% [markdown]
-# At a large weight (`python -m microbench quant` times a [4096, 4096] one; figures/quant.md)
-# every int8 product written as a dot (dequantize then dot, a dot with
+# At a large weight (`python -m microbench quant` times a [4096, 4096] one;
+# figures/<machine>/quant.md) every int8 product written as a dot (dequantize then dot, a dot with
 # `preferred_element_type`, an int8 x int8 -> int32 dot) is several times **slower** than the
 # float32 GEMV it was meant to beat (the saved numbers, printed and checked below). Only the
 # fused multiply-and-reduce reads the int8 values without first writing a float copy; whether

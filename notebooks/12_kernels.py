@@ -32,7 +32,7 @@
 #    [N, K] or in the kernel's panels, timed here;
 # 3. few rows: XLA's two layouts and the kernel at 1 to 8 rows, against their roof;
 # 4. inside the kernel, and checks that it computes the right thing, alone and in a model;
-# 5. the committed race against llama.cpp (`figures/data/decode.json`) and its targets;
+# 5. the committed race against llama.cpp (`figures/data/<machine>/decode.json`) and its targets;
 # 6. what is left, and how to race your own machine.
 #
 # Shapes follow `refmodel/kernels/rows.py`: x [M, K] (M rows: the step's tokens), a weight
@@ -626,7 +626,7 @@ else:
 # three programs (`backend="xla"`, `"output-major"`, `"native"`), beside the C read, numpy's
 # GEMM and the same weights in llama.cpp (an F32 GGUF written from our model) and transformers,
 # all in interleaved rounds; every ratio is taken inside a round and the median over rounds
-# reported. Its result is committed in `figures/data/decode.json`; the table below is read
+# reported. Its result is committed in `figures/data/<machine>/decode.json`; the table below is read
 # from it (its machine's environment is printed: most likely not this one). Its targets, as
 # `microbench/studies/decode.py` defines them (reported, never asserted): batch 1 at least
 # as fast as llama.cpp (`vs_llamacpp`) and at `vs_read` or more of the C read; batches 2-8 at

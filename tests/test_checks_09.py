@@ -19,14 +19,16 @@ def test_rejection_sampling():
 
 def test_speedup_prediction():
     check = CHECKS["check_speedup_prediction"]
-    runs = [{"drafter": "draft", "k": 4, "measured": 1.38, "predicted": 1.45},
-            {"drafter": "lookup", "k": 8, "measured": 1.94, "predicted": 1.60}]
-    check(runs, (0.75, 1.25))
+    runs = [{"drafter": "draft", "k": 4, "predicted": 1.45, "rounds": [1.30, 1.38, 1.42]},
+            {"drafter": "lookup", "k": 2, "predicted": 2.34, "rounds": [1.15, 2.51, 1.53]}]
+    check(runs, (0.75, 1.25))  # a noisy run: the prediction inside its rounds' range
     with pytest.raises(AssertionError, match="lookup k=8"):
-        check(runs + [{"drafter": "lookup", "k": 8, "measured": 3.2, "predicted": 1.6}],
+        check(runs + [{"drafter": "lookup", "k": 8, "predicted": 1.6,
+                       "rounds": [3.1, 3.2, 3.4]}],
               (0.75, 1.25))  # a speculative time that left out the verify
     with pytest.raises(AssertionError, match="outside"):
-        check([{"drafter": "draft", "k": 4, "measured": 0.5, "predicted": 1.45}], (0.4, 2.5))
+        check([{"drafter": "draft", "k": 4, "predicted": 1.45, "rounds": [0.5, 0.55]}],
+              (0.75, 1.25))  # a prediction far above every round
 
 
 def test_no_control_characters_in_the_text():

@@ -72,7 +72,7 @@ def test_num_formats_three_significant_digits():
 
 def test_summary_holds_the_numbers(result):
     text = speculative_summary(result)
-    assert "Test CPU 9000 (8 CPUs)" in text
+    assert "Test CPU 9000, 8 cores" in text
     assert "target byte-small (target recipe, 1,234,567 params)" in text
     assert "draft byte-tiny (draft recipe, 54,321 params)" in text
     assert "greedy, batch 1" in text

@@ -63,27 +63,14 @@ def progress_bar(desc: str, total: int | None = None, unit: str = "part"
 
 
 def peaks_file(path: str | None) -> str | None:
-    """The peaks.json a study predicts with: --peaks, else the first of DEFAULT_PEAKS that
-    exists and was measured on this kind of machine; None when there is none. A named file
-    that is missing, or that another kind of machine measured, fails here, before anything is
-    measured: a study's figure shows one machine."""
+    """The peaks.json a study predicts with (machines.peaks_here): --peaks, else the first of
+    DEFAULT_PEAKS that exists and was measured on this kind of machine; None when there is
+    none. A named file that is missing, or that another kind of machine measured, fails here,
+    before anything is measured: a study's figure shows one machine."""
     from microbench import machines
-    from microbench.files import read_json
 
-    here = machines.this_machine()
-    if path is not None:
-        if not Path(path).is_file():
-            raise ValueError(f"--peaks {path}: no such file")
-        theirs = machines.result_machine(read_json(path))
-        if theirs is not None and theirs != here:
-            raise ValueError(f"--peaks {path}: measured on {theirs}, and this machine is "
-                             f"{here}; a study predicts with its own machine's roofs")
-        return str(path)
-    for candidate in DEFAULT_PEAKS:
-        candidate = candidate.replace("<machine>", here or "unknown")
-        if Path(candidate).is_file() and machines.result_machine(read_json(candidate)) == here:
-            return candidate
-    return None
+    found = machines.peaks_here(path)
+    return None if found is None else str(found)
 
 
 def saved_roofs(path: str | None) -> dict | None:

@@ -58,21 +58,41 @@ def _decode(d: dict) -> str:
 
 
 def _serve(d: dict) -> str:
-    return (f"the engine's decode step through its pages at "
-            f"{d['claims']['decode_engine_over_phases']:.2f}x the contiguous step's tokens/s")
+    c = d["claims"]
+    held = ", ".join(f"{p} {r:.0f}" for p, r in sorted(
+        (c.get("max_rate_at_target") or {}).items(), key=lambda kv: -(kv[1] or 0)) if r)
+    text = (f"requests/s each policy serves with {c['attainment_target']:.0%} of requests "
+            f"within the SLOs: {held or 'none'} (measured saturation "
+            f"{c['saturation_requests_per_s']:.0f})")
+    pc = c.get("prefix_cache") or {}
+    if pc.get("prefill_tokens_off"):
+        text += (f"; prefix cache at the same unsaturated load: "
+                 f"{pc['prefill_tokens_saved'] / pc['prefill_tokens_off']:.0%} of prefill tokens "
+                 f"saved, mean TTFT {pc['mean_ttft_off_s'] * 1e3:.1f} -> "
+                 f"{pc['mean_ttft_on_s'] * 1e3:.1f} ms")
+    return text
 
 
 def _simulate(d: dict) -> str:
     err = d["check"]["errors"]
-    return (f"simulator vs engine, TPOT error {err['table']['tpot_s']:.0%} (measured table) and "
-            f"{err['roofline']['tpot_s']:.0%} (roofline), against the engine's own run-to-run "
-            f"{err['engine_vs_engine']['tpot_s']:.0%}")
+    spread, table = err["spread"], err["table"]
+    return (f"table simulator's MAPE vs the engine's own run-to-run spread: TTFT "
+            f"{table['ttft_s']:.0%} vs {spread['ttft_s']:.0%}, TPOT {table['tpot_s']:.0%} vs "
+            f"{spread['tpot_s']:.0%}, E2E {table['e2e_s']:.0%} vs {spread['e2e_s']:.0%}; "
+            f"per step {table['step_error']:.0%} (roofline predictor "
+            f"{err['roofline']['step_error']:.0%})")
 
 
 def _speculative(d: dict) -> str:
     best = max(d["runs"], key=lambda r: r["speedup"])
     drafter = "prompt lookup" if best["drafter"] == "lookup" else f"a {best['drafter']} draft"
     return f"best measured speedup {best['speedup']:.2f}x ({drafter}, k = {best['k']})"
+
+
+def _quant(d: dict) -> str:
+    from microbench.plots.quant import step_claim
+
+    return f"{step_claim(d, 1)} (decode step of the `{d['steps']['model']}` preset)"
 
 
 def _collectives(d: dict) -> str:
@@ -90,6 +110,7 @@ STUDIES = (  # (result file, row name, headline, summary drawn from it)
     ("serve", "serving (`microbench serve`)", _serve, "serve.md"),
     ("simulate", "simulator (`microbench simulate`)", _simulate, "simulate.md"),
     ("speculative", "speculative (`microbench speculative`)", _speculative, "speculative.md"),
+    ("quant", "quantization (`microbench quant`)", _quant, "quant.md"),
     ("collectives", "collectives (`microbench collectives`)", _collectives, "collectives.md"),
 )
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
+from microbench import machines
 from microbench.plots.common import (
     PALETTE,
     made_by,
@@ -101,12 +102,9 @@ def _latencies(run: dict, key: str) -> np.ndarray:
 
 
 def machine_name(env: dict | None) -> str:
-    env = env or {}
-    name = env.get("cpu_model") or env.get("device_kind")
-    if not name:
-        return "machine not recorded"
-    n = env.get("cpu_count")
-    return f"{name} ({n} CPUs)" if n and env.get("backend") == "cpu" else name
+    """The machine a summary's heading names (machines.describe: CPU, microarchitecture,
+    cores; the accelerator when there is one)."""
+    return machines.describe(env)
 
 
 def footer_text(result: dict) -> str:
@@ -582,7 +580,8 @@ def serving_summary(result: dict) -> str:
     """The serve claims as Markdown, numbers from the JSON only."""
     runs = _runs(result)
     claims = result.get("claims") or {}
-    lines = ["| claim | measured |", "|---|---|"]
+    lines = [f"# serving on {machine_name(result.get('environment'))}", "",
+             "| claim | measured |", "|---|---|"]
     decode = result.get("decode") or {}
     ratio = claims.get("decode_engine_over_phases", decode.get("ratio"))
     where = ", ".join(f"{k} {decode[k]}" for k in ("batch", "context", "kernels")
@@ -607,11 +606,11 @@ def serving_summary(result: dict) -> str:
         after = (result.get("saturation_after") or {}).get("requests_per_s")
         if after:
             lines.append(f"| the same, measured again after the sweep | {_rate(after)} |")
-    lines.append(f"| {slo_text(result)} | |")
-    lines.append(f"| prefix cache: {' '.join(prefix_title(result).split())} | |")
+    lines.append(f"| SLOs | {slo_text(result)} |")
+    lines.append(f"| prefix cache at matched load | {' '.join(prefix_title(result).split())} |")
     note = readmission_note(result)
     if note:
-        lines.append(f"| smallest pool: {note} | |")
+        lines.append(f"| hit rate at the smallest pool | {note} |")
     lines += ["", goodput_verdict(result).replace("\n", " "), ""]
     rows = claims.get("by_rate")
     if rows is None:

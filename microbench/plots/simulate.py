@@ -52,7 +52,7 @@ SPREAD_FACTOR = 1.2  # a simulator's MAPE target, x the engine's spread (when un
 # ------------------------------------------------------------------ 1. the check
 
 def _run_label(model: str, run: dict) -> str:
-    return f"{model}\n{run.get('policy')} {run.get('rate_fraction', 0):g}x"
+    return f"{model} {run.get('policy')} {run.get('rate_fraction', 0):g}x"
 
 
 def _spread(run: dict, key: str):
@@ -95,7 +95,8 @@ def _check_panel(ax, check: dict, key: str, name: str) -> None:
     ax.set_yscale("log")
     ax.set_ylim(min(100 * v for v in values) / 2, max(100 * v for v in values) * 3)
     _plain_log(ax)
-    ax.set_xticks(xs, [_run_label(m, r) for m, r in traces], fontsize=8)
+    ax.set_xticks(xs, [_run_label(m, r) for m, r in traces], fontsize=8, rotation=60,
+                  ha="right", rotation_mode="anchor")
     ax.set_ylabel(f"{name}: MAPE over requests (%)")
     ax.legend(loc="upper left", fontsize=8)
     ratio = _ratio(errors, "table", key)
