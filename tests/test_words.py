@@ -72,7 +72,7 @@ def sources() -> list[Path]:
 
 
 def figure_texts() -> list[Path]:
-    return sorted((ROOT / "figures").glob("*.md"))
+    return sorted((ROOT / "figures").glob("*/*.md"))
 
 
 def comment_lines(path: Path, text: str) -> dict[int, str]:

@@ -118,12 +118,13 @@ def _rounds_panel(ax, result: dict) -> None:
                for r in result["rounds"]] if 1 in batches else []
         if not pts:
             continue
-        ax.plot(rounds, [p["over_read"] for p in pts], marker="o", color=COLORS[program],
-                label=f"{NAMES[program]}: bytes/s over the C read")
+        ax.plot(rounds, [p["over_read"] for p in pts], marker="o", color=COLORS[program])
         if all("llama.cpp" in p["speed_over"] for p in pts):
             ax.plot(rounds, [p["speed_over"]["llama.cpp"] for p in pts], marker="s",
-                    ls=":", color=COLORS[program],
-                    label=f"{NAMES[program]}: speed over llama.cpp")
+                    ls=":", color=COLORS[program])
+    # colors are the programs, as in the left panel's legend; the styles are the ratios
+    ax.plot([], [], marker="o", color="0.3", label="bytes/s over the C read (color: program)")
+    ax.plot([], [], marker="s", ls=":", color="0.3", label="speed over llama.cpp")
     ax.axhline(t["vs_read"], color="0.5", lw=0.8, ls="--",
                label=f"target: {t['vs_read']} of the C read")
     ax.axhline(t["vs_llamacpp"], color="0.5", lw=0.8, ls=":",

@@ -51,8 +51,18 @@ SPREAD_FACTOR = 1.2  # a simulator's MAPE target, x the engine's spread (when un
 
 # ------------------------------------------------------------------ 1. the check
 
-def _run_label(model: str, run: dict) -> str:
-    return f"{model} {run.get('policy')} {run.get('rate_fraction', 0):g}x"
+def _trace_ticks(ax, traces: list[tuple[str, dict]]) -> None:
+    """Each trace's rate (and policy, when they differ) on its tick; each model's name once,
+    centred under its traces."""
+    policies = {r.get("policy") for _, r in traces}
+    ax.set_xticks(range(len(traces)),
+                  [(f"{r.get('policy')}\n" if len(policies) > 1 else "")
+                   + f"{r.get('rate_fraction', 0):g}x" for _, r in traces], fontsize=8)
+    for model in dict.fromkeys(m for m, _ in traces):
+        at = [i for i, (m, _) in enumerate(traces) if m == model]
+        ax.annotate(model, (sum(at) / len(at), 0), xycoords=("data", "axes fraction"),
+                    xytext=(0, -16 if len(policies) == 1 else -28), textcoords="offset points",
+                    ha="center", va="top", fontsize=8.5)
 
 
 def _spread(run: dict, key: str):
@@ -95,8 +105,7 @@ def _check_panel(ax, check: dict, key: str, name: str) -> None:
     ax.set_yscale("log")
     ax.set_ylim(min(100 * v for v in values) / 2, max(100 * v for v in values) * 3)
     _plain_log(ax)
-    ax.set_xticks(xs, [_run_label(m, r) for m, r in traces], fontsize=8, rotation=60,
-                  ha="right", rotation_mode="anchor")
+    _trace_ticks(ax, traces)
     ax.set_ylabel(f"{name}: MAPE over requests (%)")
     ax.legend(loc="upper left", fontsize=8)
     ratio = _ratio(errors, "table", key)

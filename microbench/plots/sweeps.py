@@ -10,6 +10,7 @@ microbench.plots.points.Notes; on modelled panels a marker says which roof bound
 
 from __future__ import annotations
 
+import math
 import textwrap
 from collections import Counter
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ from microbench.plots.common import (
     legend_beside,
     legend_clear,
     new_figure,
+    place_labels,
     plain_log,
     styled,
 )
@@ -133,6 +135,7 @@ def throughput_figure(results: Sequence[dict], title: str | None = None) -> Figu
     fig = Figure(figsize=(14, 6.8), layout="constrained")
     ax1, ax2 = fig.subplots(1, 2)
     notes = Notes()
+    batch_labels: list[tuple] = []  # (x, y, "B=n"), placed once the layout is final
     steps = [{**p, "series": f"{p['variant']}" + (f" [{r['machine']}]" if len(runs) > 1 else "")}
              for r in runs for p in r["points"] if in_sweep(p, "batch") and p["phase"] == "decode"]
     for j, v in enumerate(dict.fromkeys(p["series"] for p in steps)):
@@ -141,8 +144,7 @@ def throughput_figure(results: Sequence[dict], title: str | None = None) -> Figu
         system = [p["batch"] / p["timing"]["median"] for p in ps]
         ax1.plot(user, system, "o-", color=PALETTE[j % len(PALETTE)], label=v)
         for p, x, y in zip(ps, user, system, strict=True):
-            ax1.annotate(f"B={p['batch']}", (x, y), fontsize=8, xytext=(3, 3),
-                         textcoords="offset points")
+            batch_labels.append((x, y, f"B={p['batch']}"))
             notes.mark(ax1, p, x, y)
     notes.legend(ax1)
     ax1.set_title(textwrap.fill(f"Measured, '{result['model']['preset']}': "
@@ -181,14 +183,26 @@ def throughput_figure(results: Sequence[dict], title: str | None = None) -> Figu
     notes.footnote(fig, "; ".join(machine_line(r, [p for p in steps if p in r["points"]])
                                   for r in runs) if len(runs) > 1 else
                    "left: " + machine_line(result, steps))
+    place_labels(ax1, _one_per_spot(batch_labels), fontsize=8)
     return fig
+
+
+def _one_per_spot(labels: list[tuple]) -> list[tuple]:
+    """(x, y, text) labels less those repeating an earlier one's text at nearly the same point
+    (two series' B=64 within 5% on both log axes): one label names both."""
+    kept: list[tuple] = []
+    for x, y, text in labels:
+        if not any(t == text and abs(math.log(x / kx)) < 0.05 and abs(math.log(y / ky)) < 0.05
+                   for kx, ky, t in kept):
+            kept.append((x, y, text))
+    return kept
 
 
 @styled
 def crossover_figure(results: Sequence[dict], title: str | None = None) -> Figure:
     """Decode attention vs decode FFN time vs context: measured per variant, and modelled."""
     result = phases_of(results)[0]
-    fig = Figure(figsize=(14, 6.8), layout="constrained")
+    fig = Figure(figsize=(14, 8.5), layout="constrained")
     ax1, ax2 = fig.subplots(1, 2)
     notes = Notes()
     pts = [p for p in result["points"] if in_sweep(p, "context")]
@@ -228,6 +242,10 @@ def crossover_figure(results: Sequence[dict], title: str | None = None) -> Figur
         ax.set_xlabel("Context (cached tokens per sequence)")
         ax.legend(frameon=False, fontsize=8)
         plain_log(ax)
+    # the measured panel's legend runs one line per variant: room above the data for it
+    share = min(0.6, 0.03 + 0.032 * len(ax1.get_legend_handles_labels()[1]))
+    lo, hi = ax1.get_ylim()
+    ax1.set_ylim(lo, lo * (hi / lo) ** (1 / (1 - share)))
     fig.suptitle(title or "When does attention overtake the FFN in decode?", fontsize=14)
     notes.footnote(fig, "left: " + machine_line(result, pts) + "; right: on paper")
     return fig
