@@ -2,8 +2,8 @@
 `figures/data/<machine>/`.
 
 Each row names the machine, date and backend that made it, from the result file's own
-environment block, and links the summary drawn from it (figures/<machine>/), so the table can
-hold results from more than one machine without mixing them. `python -m
+environment block, so the table can hold results from more than one machine without mixing
+them. `python -m
 microbench.plots.results [DATA_DIR]` prints it; tests/test_readme.py checks the README holds
 exactly this text between its `results:start` and `results:end` markers.
 """
@@ -103,24 +103,25 @@ def _collectives(d: dict) -> str:
             f"{best['busbw']['median'] / 1e9:.2f} GB/s bus bandwidth: a memory copy, not a link")
 
 
-STUDIES = (  # (result file, row name, headline, summary drawn from it)
-    ("peaks", "roofs (`microbench peaks`)", _peaks, "summary.md"),
-    ("phases", "phases (`microbench phases`)", _phases, "summary.md"),
-    ("decode", "decode race (`microbench decode`)", _decode, "decode.md"),
-    ("serve", "serving (`microbench serve`)", _serve, "serve.md"),
-    ("simulate", "simulator (`microbench simulate`)", _simulate, "simulate.md"),
-    ("speculative", "speculative (`microbench speculative`)", _speculative, "speculative.md"),
-    ("quant", "quantization (`microbench quant`)", _quant, "quant.md"),
-    ("collectives", "collectives (`microbench collectives`)", _collectives, "collectives.md"),
+STUDIES = (  # (result file, row name, headline)
+    ("peaks", "roofs (`microbench peaks`)", _peaks),
+    ("phases", "phases (`microbench phases`)", _phases),
+    ("decode", "decode race (`microbench decode`)", _decode),
+    ("serve", "serving (`microbench serve`)", _serve),
+    ("simulate", "simulator (`microbench simulate`)", _simulate),
+    ("speculative", "speculative (`microbench speculative`)", _speculative),
+    ("quant", "quantization (`microbench quant`)", _quant),
+    ("collectives", "collectives (`microbench collectives`)", _collectives),
 )
 
 
 def table(data: Path) -> str:
-    """The markdown table of every study saved under `data`, one machine folder after another;
-    each row links its summary in figures/<machine>/ (paths relative to the repository)."""
+    """The markdown table of every study saved under `data`, one machine folder after another
+    (the README links the summaries above it: the book includes the table, where repository
+    paths would not resolve)."""
     lines = [HEADER]
     for folder in machines.machine_folders(data):
-        for name, label, headline, summary in STUDIES:
+        for name, label, headline in STUDIES:
             path = Path(folder) / f"{name}.json"
             if not path.exists():
                 continue
@@ -128,8 +129,7 @@ def table(data: Path) -> str:
             backends = sorted({p.get("backend", "xla") for p in d.get("points", [])})
             backend = d.get("report", {}).get("backend") or ", ".join(backends) or None
             env = _env_cells(d.get("environment") or {}, backend)
-            link = f"[{label}](figures/{folder.name}/{summary})"
-            lines.append(f"| {link} | {headline(d)} | {env} |")
+            lines.append(f"| {label} | {headline(d)} | {env} |")
     return "\n".join(lines) + "\n"
 
 
