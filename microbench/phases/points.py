@@ -383,13 +383,12 @@ def explain(point: dict, inputs: dict) -> str:
     # The op breakdown is a separate profile (each op timed alone), so its share of the timed
     # call can pass 100%; and "time lost" is a reason only for a point slower than predicted.
     top = (point.get("breakdown") or {}).get("top")
-    if top and "lost_s" in top and ratio <= BAND[1]:
-        parts.append(f"most time lost in {top['op']}: {top['time_s'] * 1e3:.2f} ms in a "
-                     f"separate profile ({top['share']:.0%} of the timed call) against "
-                     f"{top['roof_s'] * 1e3:.2f} ms at its roofs, at {top['achieved']}")
-    elif top and ratio <= BAND[1]:  # saved before the lost time was kept
-        parts.append(f"slowest op {top['op']}: {top['time_s'] * 1e3:.2f} ms in a separate "
-                     f"profile ({top['share']:.0%} of the timed call) at {top['achieved']}")
+    if top and ratio <= BAND[1]:
+        lost = "lost_s" in top  # absent from breakdowns saved before the lost time was kept
+        what = f"most time lost in {top['op']}" if lost else f"slowest op {top['op']}"
+        against = f" against {top['roof_s'] * 1e3:.2f} ms at its roofs," if lost else ""
+        parts.append(f"{what}: {top['time_s'] * 1e3:.2f} ms in a separate profile "
+                     f"({top['share']:.0%} of the timed call){against} at {top['achieved']}")
     if ratio > BAND[1]:
         parts.append(f"measured {ratio:.2f}x faster than predicted" + (
             ": part of the working set stays cached between calls"
