@@ -27,39 +27,41 @@
 #
 # 1. bytes per token: real models counted in each format, and the decode point on a roofline;
 # 2. the formats: what `quantize_matrix` stores, its error bound, its bytes;
-# 3. the kernel eats the gain: a batch-1 product timed on this machine;
+# 3. the step follows the bytes, with a kernel that streams them: this machine's decode step
+#    on the native kernel and on XLA, against the bytes each format saves;
 # 4. the KV cache in int8: more sequences in the same memory;
-# 5. quality: bits per byte of a trained model in each format;
+# 5. quality: bits per byte and KL divergence of a trained model in each format, activations
+#    rounded to int8 as llama.cpp's Q8_0 and Q4_0 round them included;
 # 6. when quantization pays.
 
 # %%
 # %matplotlib inline
+import dataclasses
 import json
 import os
-import statistics
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from IPython.display import display
 from matplotlib.figure import Figure
 
-from microbench import hardware, machines, roofline
+from microbench import hardware, harness, machines, roofline
+from microbench.plots import quant as quant_plots
+from microbench.studies import quant as quant_study
 from refmodel import costs, presets, quant
 from refmodel.counting import BYTES, Dtypes
-from refmodel.training import bits_per_byte, recipes, trained
 
 # %%
 QUICK = os.environ.get("LAB_FULL", "0") != "1"  # parameter: LAB_FULL=1 for publication size
 RECIPE = "micro" if QUICK else "target"  # step 5's trained model (target: ~20 min to train)
-K_BENCH = 2048  # step 3's square weight, K_BENCH inputs and outputs: 16 MB in float32
-ROUNDS, REPEATS = (5, 5) if QUICK else (9, 9)  # interleaved timing rounds, calls per round
+ROUNDS, REPEATS = (5, 3) if QUICK else (9, 7)  # step 3's interleaved rounds, calls per round
 SPEC_GPU, CONTEXT = "H100 SXM", 1024  # the spec device (steps 1, 4), step 1's context
 FORMATS = ("float32", "bfloat16", "int8", "float8", "int4")
 DATA = machines.data_folder("quant")  # figures/data/<machine>/: one machine's runs
-print(f"quality model {RECIPE!r}", "| quick" if QUICK else "| full")
+ENV = harness.environment()
+print(machines.describe(ENV), f"| quality model {RECIPE!r}", "| quick" if QUICK else "| full")
 
 
 def in_format(cfg, fmt):
@@ -92,8 +94,9 @@ def stored_bytes(cfg):
 # it does by a wide margin.
 #
 # Quantized formats are not exactly $s$ bytes per weight: `refmodel.counting.Dtypes` counts
-# the float32 scales too (int8, float8: one per output channel; int4: one per group of 32
-# inputs, 4 bytes per 16 bytes of values: 5 bits per weight, not 4). Counted below: Llama 3 8B
+# the scales too (int8, float8: one float32 per output channel; int4: one per group of 32
+# inputs, so more than 4 bits per weight; the bits each format costs are printed below,
+# counted, not assumed). Counted below: Llama 3 8B
 # in every format, and DeepSeek-V3 (MoE: only the routed experts' weights are read) as it
 # ships, float8 (`presets.shipped`), batch 1 at context 1024, KV cache and activations in
 # bfloat16, and the time on an H100's spec bandwidth.
@@ -125,17 +128,20 @@ print("* the format the release ships")
 
 # %%
 # CHECK: the counted bytes per parameter (the embedding table, kept in bfloat16, left out)
-# are the format's, scales included: int8 and float8 a hair over 1 byte, int4 5 bits
-# (0.5 + 4/32 bytes); every batch-1 step is memory-bound with intensity about 2/s, so its
-# time is its bytes over the bandwidth: int4's under 0.36 of bfloat16's.
+# are the format's, scales included: a large matrix's bytes per weight (`matrix_bytes` over
+# its weights) within 0.5% (the few vectors and odd-sized matrices); every batch-1 step is
+# memory-bound with intensity about 2/s, so its time is its bytes over the bandwidth: int4's
+# under 0.36 of bfloat16's.
+PER_WEIGHT = {fmt: Dtypes(weight=fmt).matrix_bytes(4096, 4096) / 4096**2 for fmt in FORMATS}
+print("bits per weight, scales included:",
+      ", ".join(f"{fmt} {8 * b:.3g}" for fmt, b in PER_WEIGHT.items()))
 for name in ("llama3-8b", "deepseek-v3"):
     by = {r["fmt"]: r for r in rows1 if r["model"] == name}
     cfg = presets.get(name)
     n_params = costs.param_counts(cfg)["total"] - cfg.vocab_size * cfg.d_model
-    for fmt, per_param in (("float32", 4), ("bfloat16", 2), ("int8", 1), ("float8", 1),
-                           ("int4", 0.625)):
+    for fmt, per_param in PER_WEIGHT.items():
         got = (by[fmt]["stored"] - embedding_bytes(in_format(cfg, fmt))) / n_params
-        assert per_param <= got <= per_param * 1.005, (name, fmt, got)
+        assert per_param * 0.995 <= got <= per_param * 1.005, (name, fmt, got)
     for fmt, r in by.items():
         assert r["bound"] == "memory", (name, fmt)
         assert 0.8 * 2 / BYTES[fmt] <= r["intensity"] <= 1.25 * 2 / BYTES[fmt], (name, fmt)
@@ -143,14 +149,15 @@ for name in ("llama3-8b", "deepseek-v3"):
 print("bytes per parameter as counted; every batch-1 decode memory-bound: time ~ bytes")
 
 # %% [markdown]
-# On the roofline the point moves right, from $2/s$ = 0.5 FLOP/byte in float32 to about 3.2 in
-# int4 (the scales keep it from 4; int8 and float8 coincide), and up the sloped memory roof
-# by the same factor. It is still about 90 times left of the ridge: the GPU's compute stays
-# idle either way, and the whole gain is bytes. DeepSeek-V3 (squares: hollow, the formats it
-# does not ship) stores 671B parameters, but a token reads only its active ones (~37B:
-# attention, the shared expert and the 8 routed experts it picks), so at batch 1 it decodes
-# at the bytes of a 37B dense model while occupying 673 GB in float8: quantization buys it
-# both the speed and the fit.
+# On the roofline the point moves right, from $2/s$ = 0.5 FLOP/byte in float32 to a little
+# under 4 in int4 (the scales keep it from 4; int8 and float8 coincide), and up the sloped
+# memory roof by the same factor: **fewer bytes per weight move the roofline point**, and a
+# memory-bound step's time falls with its bytes. It is still about 90 times left of the
+# ridge: the GPU's compute stays idle either way, and the whole gain is bytes. DeepSeek-V3
+# (squares: hollow, the formats it does not ship) stores 671B parameters, but a token reads
+# only its active ones (~37B: attention, the shared expert and the 8 routed experts it
+# picks), so at batch 1 it decodes at the bytes of a 37B dense model while occupying 673 GB
+# in float8: quantization buys it both the speed and the fit.
 
 # %%
 fig = Figure(figsize=(7.5, 4.2))
@@ -181,9 +188,10 @@ display(fig)
 # `quant.quantize_matrix(w, fmt)` takes a float weight $w$ [n_in, n_out] (its inputs and
 # outputs) and returns a `Quantized`: the values $q$ stored **output-major**, [n_out, n_in]
 # (each output channel's inputs contiguous, the order a batch-1 product reads them), and
-# float32 scales, all symmetric and rounded to nearest:
+# scales (float32, one per channel; int4's one per group of 32 inputs, as wide as
+# `refmodel.counting` counts it), all symmetric and rounded to nearest:
 #
-# | format | values | scale $s$ (float32) | bound on $\lvert w - \hat w \rvert$ |
+# | format | values | scale $s$ | bound on $\lvert w - \hat w \rvert$ |
 # |---|---|---|---|
 # | int8 | integers in $[-127, 127]$ | $m/127$, $m$ per output channel | $s/2$ |
 # | int4 | integers in $[-8, 7]$, two per byte | $m/7$, $m$ per 32 inputs of a channel | $s/2$ |
@@ -257,105 +265,127 @@ display(fig)
 # in step 5, on the trained model).
 
 # %% [markdown]
-# ## Step 3 · The kernel eats the gain
+# ## Step 3 · The step follows the bytes, with a kernel that streams them
 #
-# Fewer bytes are only less time if the product **streams** them: reads the small values,
-# widens them in registers, and multiplies. Written in JAX the obvious way,
-# `x @ (q.astype(float32) * s)` (dequantize, then dot), XLA:CPU first writes the whole float
-# weight back to memory and then reads it again: more bytes than the float32 product, not
-# fewer. XLA:CPU has no fast mixed-precision GEMV (a matrix-vector product), so
-# `quant.matmul` writes the batch-1 product as a fused multiply-and-reduce over each output
-# channel's contiguous int8 values (up to `FEW_ROWS` = 32 rows; more rows, as in a prefill,
-# dequantize once and run the float GEMM, which is compute-bound anyway).
+# Step 1 moved the decode point along the memory roof: with $s$ bytes per weight instead of 4,
+# a memory-bound step reads about $4/s$ times fewer bytes and, still at the memory's speed,
+# takes that many times less time. Two numbers per format say whether that happens here:
 #
-# Timed here: a batch-1 product with a [2048, 2048] weight in float32, in int8 via
-# `quant.matmul` and via dequantize-then-dot, and in int4 and float8 via `quant.matmul`;
-# interleaved rounds, each a ratio to the float32 product of the same round. Do not read much
-# into one machine's milliseconds (a 16 MB float32 weight may partly sit in a large L3 cache);
-# read the ratios.
+# - the **bytes ratio**: float32's counted bytes of the step over the format's
+#   (`refmodel.costs`: scales, the cache and the float parts of the step included), the
+#   speedup the roofline promises;
+# - the **speedup**: float32's measured step time over the format's, the median of the
+#   ratios of interleaved rounds (every case once per round, so drift hits all alike).
+#
+# A step **follows its bytes** when the two agree: its point lies on the line y = x. That
+# happens only if the weight product **streams** the small bytes: reads the int8 (or packed
+# int4) values, widens them in registers and multiplies, at the memory's speed. The same
+# quantized model runs on two paths:
+#
+# - the **native kernel** (`backends.use(model, "native")`, `refmodel/kernels`): each matrix
+#   stored in the kernel's panels, the int8 values converted as they are loaded; with
+#   `activations=True` the activation row is rounded to int8 per block of 32 and the product
+#   is an integer dot product (w8a8: int8 weights; w4a8: int4), as llama.cpp runs Q8_0 and
+#   Q4_0 (step 5);
+# - **XLA's path** (`backend="xla"`): `quant.matmul`, the product written in JAX and compiled
+#   by XLA:CPU, which has no kernel for these formats.
+#
+# Each is compared with float32 **on the same path**. The model is `medium` cut to the fewest
+# layers whose int8 weights are at least twice this machine's last-level cache
+# (`quant_study.quick_setup`; `LAB_FULL=1`: all 20 layers): a step whose weights fit in the
+# cache would measure the cache, not the memory-bound step this lesson is about. Where the
+# native kernels cannot run (no C++ compiler, not a CPU) or lack a format, the study says so
+# and skips it: nothing is timed on XLA under the kernel's name.
 
 # %%
-x1 = jnp.asarray(np.random.default_rng(1).standard_normal((1, K_BENCH)), jnp.float32)
-w_b = jnp.asarray(np.random.default_rng(2).standard_normal((K_BENCH, K_BENCH)),
-                  jnp.float32) * K_BENCH**-0.5
-qb = {fmt: qmatrix(w_b, fmt) for fmt in quant.WEIGHT_FORMATS}
-q8_kn = jnp.asarray(np.asarray(qb["int8"].q).T.copy())  # int8 [n_in, n_out], the float's layout
-CASES = {  # name: (fn, args, stored bytes)
-    "float32 dot": (jax.jit(lambda x, w: x @ w), (x1, w_b), w_b.nbytes),
-    "int8 quant.matmul": (jax.jit(quant.matmul), (x1, qb["int8"]), qb["int8"].nbytes),
-    "int8 dequantize, dot": (jax.jit(lambda x, q, s: x @ (q.astype(jnp.float32) * s)),
-                             (x1, q8_kn, qb["int8"].scale), qb["int8"].nbytes),
-    "int4 quant.matmul": (jax.jit(quant.matmul), (x1, qb["int4"]), qb["int4"].nbytes),
-    "float8 quant.matmul": (jax.jit(quant.matmul), (x1, qb["float8"]), qb["float8"].nbytes),
-}
-outs = {name: np.asarray(fn(*args)) for name, (fn, args, _) in CASES.items()}  # compile
+LLC = quant_study.llc_bytes()
+SETUP = dataclasses.replace(quant_study.quick_setup(LLC) if QUICK else quant_study.Setup(),
+                            rounds=ROUNDS, repeats=REPEATS, batches=(1,), prefill_len=0,
+                            kv_formats=(), xla=("float32", "int8") if QUICK else
+                            ("float32", "int8", "int4"))  # XLA's int4: saved run, or LAB_FULL
+cfg3 = quant_study.step_config(SETUP)
+W_BYTES = {f: quant_study.weight_bytes(cfg3, f, SETUP.context) for f in ("none", "int8")}
+print(f"{SETUP.model}, {cfg3.n_layers} layers, batch 1, {SETUP.context} cached tokens: decode "
+      f"weights {W_BYTES['none'] / 1e6:.0f} MB in float32, {W_BYTES['int8'] / 1e6:.0f} MB in "
+      f"int8; last-level cache {LLC / 2**20:.0f} MiB")
+t0 = time.perf_counter()
+steps = quant_study.measure_steps(SETUP, None, lambda what: None)
+result3 = {"kind": "quant", "setup": dataclasses.asdict(SETUP), "steps": steps,
+           "environment": ENV}
+print(f"timed in {time.perf_counter() - t0:.0f} s, {SETUP.rounds} interleaved rounds")
+print(f"{'path':>6} {'precision':>10} {'ms':>7} {'speedup':>8} {'rounds':>12} "
+      f"{'bytes ratio':>11} {'speedup/ratio':>13}")
+for r in steps["results"]:
+    lo, hi = min(r["speedup_rounds"]), max(r["speedup_rounds"])
+    print(f"{r['path']:>6} {r['precision']:>10} {1e3 * r['seconds']:7.2f} {r['speedup']:7.2f}x "
+          f"{lo:6.2f}-{hi:4.2f}x {r['bytes_ratio']:10.2f}x {r['speedup'] / r['bytes_ratio']:13.2f}")
+for skip in steps["skipped"]:
+    print(f"{skip['path']} {skip['precision'] or '(every precision)'}: {skip['reason']}")
 
-
-def best_of(fn, args, n):
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        ts.append(time.perf_counter() - t)
-    return min(ts)
-
-
-secs = {name: [] for name in CASES}
-for _ in range(ROUNDS):  # every case once per round: drift hits all alike
-    for name, (fn, args, _) in CASES.items():
-        secs[name].append(best_of(fn, args, REPEATS))
-print(f"x [1, {K_BENCH}] @ w [{K_BENCH}, {K_BENCH}], median of {ROUNDS} interleaved rounds")
-print(f"{'':>22} {'MB':>6} {'ms':>7} {'GB/s':>6} {'vs float32':>10}")
-vs_f32 = {}
-for name, (_, _, nbytes) in CASES.items():
-    t = statistics.median(secs[name])
-    vs_f32[name] = statistics.median(a / b for a, b in zip(secs["float32 dot"], secs[name],
-                                                              strict=True))
-    print(f"{name:>22} {nbytes / 1e6:6.2f} {1e3 * t:7.2f} {nbytes / t / 1e9:6.1f} "
-          f"{vs_f32[name]:9.2f}x")
-for name in ("int4 quant.matmul", "float8 quant.matmul"):
-    fewer = CASES["float32 dot"][2] / CASES[name][2]
-    print(f"{name}: {fewer:.1f}x fewer bytes than float32, "
-          f"{'faster' if vs_f32[name] > 1 else 'slower'} ({vs_f32[name]:.2f}x its speed)")
 
 # %%
-def check_streaming_beats_dequantize(streamed_s, dequantize_s):
-    """CHECK (fails on a wrong measurement): the int8 product that streams the int8 values
-    (quant.matmul) is faster than dequantize-then-dot, which writes and reads back a whole
-    float32 weight (each: per-round times, compared as the median of the per-round ratios)."""
-    ratio = sorted(d / s for s, d in zip(streamed_s, dequantize_s, strict=True))
-    median = ratio[len(ratio) // 2]
-    assert median > 1.0, (f"dequantize-then-dot ran {median:.2f}x the streamed product's "
-                          "time: not slower")
+def check_native_follows_bytes(float32_s, int8_s, bytes_ratio, share=0.5):
+    """CHECK (fails on a wrong measurement): the native int8 decode step's speedup over native
+    float32 (the median of the per-round ratios of `float32_s` to `int8_s`, seconds per round)
+    is at least `share` of its bytes ratio: the step follows the bytes (where the weights
+    exceed the last-level cache: the caller says)."""
+    median = float(np.median([f / q for f, q in zip(float32_s, int8_s, strict=True)]))
+    assert median >= share * bytes_ratio, (
+        f"native int8 step {median:.2f}x float32's speed for {bytes_ratio:.2f}x fewer bytes: "
+        f"under {share:.0%} of the ratio")
 
 
-check_streaming_beats_dequantize(secs["int8 quant.matmul"], secs["int8 dequantize, dot"])
-# Correctness: each quantized product is the product with the dequantized weight, and close to
-# the float one within its format's error.
-ref = outs["float32 dot"]
-TOLERANCE = {"int8": 0.02, "float8": 0.1, "int4": 0.2}  # max |error| / max |x @ w|
-for name, fmt in (("int8 quant.matmul", "int8"), ("int8 dequantize, dot", "int8"),
-                  ("int4 quant.matmul", "int4"), ("float8 quant.matmul", "float8")):
-    exact = np.asarray(x1 @ qb[fmt].dequantize())
-    np.testing.assert_allclose(outs[name], exact, rtol=1e-3, atol=1e-3 * np.abs(exact).max())
-    rel = np.abs(outs[name] - ref).max() / np.abs(ref).max()
-    assert rel < TOLERANCE[fmt], (name, rel)
-print("every formulation computes x @ dequantize(w)")
+def check_kernel_beats_xla(native_speedups, xla_speedups, factor=1.5):
+    """CHECK (fails on a wrong measurement): the same int8 weights, the same bytes: the native
+    kernel's speedup over its float32 (per round) is at least `factor` times XLA's over its
+    float32, in the median: the kernel, not the format, makes the bytes speed."""
+    native, xla = float(np.median(native_speedups)), float(np.median(xla_speedups))
+    assert native >= factor * xla, (f"native int8 {native:.2f}x against XLA's {xla:.2f}x: not "
+                                    f"{factor}x XLA's")
+
+
+by3 = {(r["path"], r["precision"]): r for r in steps["results"]}
+native8 = by3.get(("native", "int8"))
+if native8 is None:
+    why = next((s["reason"] for s in steps["skipped"] if s["path"] == "native"), "not measured")
+    print(f"native int8 checks skipped: {why}")
+elif W_BYTES["int8"] <= LLC:
+    print(f"native int8 checks skipped: the int8 weights ({W_BYTES['int8'] / 2**20:.0f} MiB) "
+          f"fit in the last-level cache ({LLC / 2**20:.0f} MiB)")
+else:
+    check_native_follows_bytes(by3["native", "float32"]["rounds"], native8["rounds"],
+                               native8["bytes_ratio"])
+    check_kernel_beats_xla(native8["speedup_rounds"], by3["xla", "int8"]["speedup_rounds"])
+    print(f"native int8: {native8['speedup']:.2f}x float32 for {native8['bytes_ratio']:.2f}x "
+          f"fewer bytes ({native8['speedup'] / native8['bytes_ratio']:.0%} of the ratio); "
+          f"XLA's int8: {by3['xla', 'int8']['speedup']:.2f}x")
 
 # %% [markdown]
-# At a large weight (`python -m microbench quant` times a [4096, 4096] one;
-# figures/<machine>/quant.md) every int8 product written as a dot (dequantize then dot, a dot with
-# `preferred_element_type`, an int8 x int8 -> int32 dot) is several times **slower** than the
-# float32 GEMV it was meant to beat (the saved numbers, printed and checked below). Only the
-# fused multiply-and-reduce reads the int8 values without first writing a float copy; whether
-# it then beats float32 depends on the machine and the size (the ratio above is this
-# machine's). int4 and float8 need per-element work before the multiply (shift and
-# sign-extend two nibbles; convert e4m3 to float32) that XLA:CPU does not vectorize: they read
-# 4 to 6 times fewer bytes than float32, and the lines under step 3's table say whether they
-# still took longer here. GPU engines ship hand-written kernels for exactly this
-# (Marlin and Machete for int4, the FP8 GEMMs of cuBLASLt): the bytes of step 1 are what
-# such a kernel can reach, not what a naive one gets. The benchmark's saved numbers, if
-# present (all formulations at 1 and 8 rows; whole decode and prefill steps per precision):
+# Why at least half the bytes ratio, and not all of it: a decode step is more than its weight
+# products (attention over the cache, norms, the embedding row, the float parts the bytes
+# count too), and a shared machine's rounds spread (the `rounds` column: this run's lowest and
+# highest ratio). Half still separates a kernel that streams the int8 values from one that
+# does not: XLA's int8 step reads the same bytes and lands near 1x or below it.
+
+# %%
+display(quant_plots.follow_figure(result3))
+
+# %% [markdown]
+# ### XLA's path: what a compiler does without the kernel
+#
+# The hollow points are the same formats compiled by XLA from the JAX in `quant.matmul`.
+# Written the obvious way, `x @ (q.astype(float32) * s)` (dequantize, then dot), XLA:CPU first
+# writes the whole float weight back to memory and then reads it again: more bytes than the
+# float32 product, not fewer. `quant.matmul` writes the batch-1 product as a fused
+# multiply-and-reduce over each output channel's contiguous int8 values, the fastest
+# formulation XLA was found to run (`python -m microbench quant` times every one, at 1 and 8
+# rows; the saved table below), and still reads them well below the memory's speed; int4
+# (shift and sign-extend two nibbles) and float8 (convert e4m3 to float32) need per-element
+# work before the multiply that XLA:CPU does not vectorize. A compiler emits fast code for the
+# patterns it knows; a quantized GEMV with per-channel or per-group scales is not one of them
+# here. Engines ship hand-written kernels for exactly this (llama.cpp's ggml on CPUs; Marlin
+# and Machete for int4 and cuBLASLt's FP8 GEMMs on GPUs): the bytes of step 1 are what such a
+# kernel reaches, not what the compiler gets on its own. The saved full-size run, if present:
 
 # %%
 saved_file = DATA / "quant.json"
@@ -363,20 +393,15 @@ saved = json.loads(saved_file.read_text()) if saved_file.exists() else None
 if saved is None:
     print(f"{saved_file} does not exist yet: run `python -m microbench quant` to make it")
 else:
+    print(f"saved ({saved_file}), model {saved['steps']['model']}:")
+    for b in quant_plots.decode_batches(saved):
+        print(" ", quant_plots.follow_claim(saved, b))
     f_ = saved["formulations"]
-    print(f"formulations, [{f_['k']}, {f_['n']}] weight ('*': the one refmodel uses)")
+    print(f"\nXLA's formulations, [{f_['k']}, {f_['n']}] weight ('*': the one refmodel uses)")
     print(f"{'rows':>4} {'':>32} {'MB':>6} {'ms':>8} {'GB/s':>6} {'vs float32':>10}")
     for r in f_["results"]:
         print(f"{r['rows']:>4} {r['name'] + ('*' if r['used'] else ''):>32} "
               f"{r['stored_bytes'] / 1e6:6.2f} {1e3 * r['seconds']:8.2f} "
-              f"{r['bytes_per_s'] / 1e9:6.1f} {r['speedup']:9.2f}x")
-    st = saved["steps"]
-    print(f"\nsteps of '{st['model']}' (counted bytes over measured time)")
-    print(f"{'precision':>10} {'phase':>8} {'batch':>5} {'context':>7} {'KV':>6} {'ms':>8} "
-          f"{'MB':>7} {'GB/s':>6} {'vs float32':>10}")
-    for r in st["results"]:
-        print(f"{r['precision']:>10} {r['phase']:>8} {r['batch']:>5} {r['context']:>7} "
-              f"{r['kv_format']:>6} {1e3 * r['seconds']:8.2f} {r['bytes'] / 1e6:7.1f} "
               f"{r['bytes_per_s'] / 1e9:6.1f} {r['speedup']:9.2f}x")
 
 
@@ -453,82 +478,120 @@ print(f"int8 KV: {ratio:.3f} x the bytes per token; batch {rows4[0]['batch']} ->
       f"{rows4[1]['batch']} -> {rows4[2]['batch']} with int8 weights too")
 
 # %% [markdown]
-# ## Step 5 · Quality
+# ## Step 5 · Quality, and what llama.cpp's Q8_0 and Q4_0 do
 #
-# Fewer bits cost accuracy. `quant.quantize(model, weights=..., kv=...)` quantizes a trained
-# model after training (no calibration, no retraining); `bits_per_byte(model, recipe)` is its
-# validation loss in bits per byte of text (lower is better), through the cache when the cache
-# is quantized (every key and value written and read back rounded, as decode would).
-# In quick mode the model is `micro` (40 training steps: seconds); `LAB_FULL=1` uses `target`
-# (~9.6M parameters; about 20 minutes to train if its checkpoint is not cached). The micro
-# model has barely learned anything, so its weights carry little that rounding can destroy:
-# expect small differences there, larger ones on `target`.
+# Fewer bits cost accuracy. `quant.quantize(model, weights=..., kv=..., activations=...)`
+# quantizes a trained model after training (no calibration, no retraining). Two measures of
+# what that costs, on the recipe's validation text:
+#
+# - **bits per byte** (`bits_per_byte(model, recipe)`): the validation loss per byte of text
+#   (lower is better), through the cache when the cache is quantized (every key and value
+#   written and read back rounded, as decode would);
+# - the **KL divergence** of the next-token distribution $q$ from the float model's $p$, the
+#   mean over positions of $\sum_v p(v) \log (p(v) / q(v))$ in nats
+#   (`quant_study.kl_nats`; llama.cpp's `perplexity --kl-divergence` reports the same). It
+#   sees every change to the distribution, not only to the right token's probability, and is
+#   0 exactly when nothing changed.
+#
+# llama.cpp stores Q8_0 as blocks of 32 int8 weights with one float16 scale (34 bytes: 8.5
+# bits per weight) and Q4_0 as 32 4-bit weights with one (18 bytes: 4.5 bits). Its CPU dot
+# products do not widen the weights to float: they round the **activation row** to Q8_0 too,
+# per block of 32 (scale max|x| / 127 over the block), take an integer dot product block by
+# block and scale each block's int32 sum by both scales. `activations=True` rounds our
+# activations the same way (`quant.round_activations`): int8 w8a8 (our int8 keeps one scale per
+# output channel) and int4 w4a8 (a scale per 32 inputs, as Q4_0), the native kernel's integer
+# paths of step 3. In quick mode the model is `micro` (40 training steps: seconds); `LAB_FULL=1`
+# uses `target` (~9.6M parameters; about 20 minutes to train if its checkpoint is not cached).
+# The micro model has barely learned anything, so its weights carry little that rounding can
+# destroy: expect small differences there, larger ones on `target`.
 
 # %%
 t0 = time.perf_counter()
-model = trained(RECIPE, progress=False)
-CASES5 = [("none", "none"), ("int8", "none"), ("float8", "none"), ("int4", "none"),
-          ("none", "int8"), ("none", "float8")]
-rows5 = []
-for wf, kv in CASES5:
-    qm = quant.quantize(model, weights=None if wf == "none" else wf,
-                        kv=None if kv == "none" else kv)
-    rows5.append({"weights": wf, "kv": kv, "bpb": bits_per_byte(qm, RECIPE),
-                  "stored": stored_bytes(qm.cfg),
-                  "actual": sum(x.nbytes for x in jax.tree.leaves(nnx.state(qm, nnx.Param))),
-                  "kv_token": costs.kv_bytes_per_token(qm.cfg, costs.dtypes(qm.cfg).kv)})
-base = rows5[0]["bpb"]
-print(f"{RECIPE} ({recipes.get(RECIPE).model}, "
-      f"{costs.param_counts(model.cfg)['total']:,} parameters): "
-      f"{time.perf_counter() - t0:.1f} s")
-print(f"{'weights':>8} {'KV':>7} {'weights KB':>10} {'(counted)':>10} {'KV B/token':>10} "
-      f"{'bits/byte':>9} {'delta':>8}")
+SETUP5 = dataclasses.replace(SETUP, quality_model=RECIPE)
+quality = quant_study.measure_quality(SETUP5, lambda what: None)
+rows5 = [r for r in quality["results"] if "skipped" not in r]
+cfg5 = presets.get(quality["preset"])
+for r in rows5:  # the bytes the cost model counts for the format's config
+    r["counted"] = stored_bytes(cfg5.replace(weight_format=r["weight_format"],
+                                             kv_format=r["kv_format"],
+                                             quant_activations=r["activations"] == "int8"))
+base = next(r["bits_per_byte"] for r in rows5
+            if r["precision"] == "float32" and r["kv_format"] == "none")
+print(f"{RECIPE} ({quality['preset']}), KL over {quality['kl_tokens'][0]} x "
+      f"{quality['kl_tokens'][1]} validation tokens: {time.perf_counter() - t0:.1f} s")
+print(f"{'weights':>10} {'KV':>7} {'weights KB':>10} {'(counted)':>10} {'KV B/token':>10} "
+      f"{'bits/byte':>9} {'delta':>8} {'KL nats':>8}")
 for r in rows5:
-    print(f"{r['weights']:>8} {r['kv']:>7} {r['actual'] / 1e3:10.1f} {r['stored'] / 1e3:10.1f} "
-          f"{r['kv_token']:10.0f} {r['bpb']:9.4f} {r['bpb'] - base:+8.4f}")
+    print(f"{r['precision']:>10} {r['kv_format']:>7} {r['weight_bytes'] / 1e3:10.1f} "
+          f"{r['counted'] / 1e3:10.1f} {r['kv_bytes_per_token']:10.0f} "
+          f"{r['bits_per_byte']:9.4f} {r['bits_per_byte'] - base:+8.4f} {r['kl_nats']:8.2g}")
+for r in quality["results"]:
+    if "skipped" in r:
+        print(f"{r['precision']:>10} {r['kv_format']:>7} {r['skipped']}")
+
 
 # %%
 def check_quality(bits_per_byte, base):
-    """CHECK (fails on a wrong measurement): int8 weights, float8 weights and an int8 or
-    float8 cache cost under 0.05 bits per byte against float32's `base` ({(weights, KV): bits
-    per byte}); int4 (4 bits, a scale per 32) is no better than int8 beyond noise (0.005)."""
-    for case in (("int8", "none"), ("float8", "none"), ("none", "int8"), ("none", "float8")):
-        assert abs(bits_per_byte[case] - base) < 0.05, (
-            f"{case}: {bits_per_byte[case]:.4f} bits/byte against float32's {base:.4f}")
+    """CHECK (fails on a wrong measurement): int8 weights (with or without int8 activations),
+    float8 weights and an int8 or float8 cache cost under 0.05 bits per byte against float32's
+    `base` ({(weights, KV): bits per byte}); int4 (4 bits, a scale per 32) is no better than
+    int8 beyond noise (0.005)."""
+    for case in (("int8", "none"), ("int8 w8a8", "none"), ("float8", "none"),
+                 ("float32", "int8"), ("float32", "float8")):
+        if case in bits_per_byte:
+            assert abs(bits_per_byte[case] - base) < 0.05, (
+                f"{case}: {bits_per_byte[case]:.4f} bits/byte against float32's {base:.4f}")
     assert bits_per_byte["int4", "none"] >= bits_per_byte["int8", "none"] - 0.005, (
         f"int4 {bits_per_byte['int4', 'none']:.4f} beats int8 "
         f"{bits_per_byte['int8', 'none']:.4f} bits/byte")
 
 
+def check_kl(kl, bound=0.002):
+    """CHECK (fails on a wrong measurement): every 8-bit format ({name: KL from float32 in
+    nats}: int8, int8 w8a8, float8 weights, an int8 or float8 cache) moves the next-token
+    distribution by under `bound` nats; int4's weights move it more than int8's, and rounding
+    the activations to int8 (w8a8) less than int4's weights do."""
+    for name in ("int8", "int8 w8a8", "float8", "int8 KV", "float8 KV"):
+        if name in kl:
+            assert kl[name] < bound, f"{name}: KL {kl[name]:.3g} nats, over {bound}"
+    assert kl["int4"] > kl["int8"], f"int4 KL {kl['int4']:.3g} <= int8's {kl['int8']:.3g}"
+    if "int8 w8a8" in kl:
+        assert kl["int8 w8a8"] < kl["int4"], (f"int8 w8a8 KL {kl['int8 w8a8']:.3g} >= int4's "
+                                              f"{kl['int4']:.3g}")
+
+
 # The quantized model's parameters occupy exactly the counted bytes (the arrays against the
 # cost model); then the measured quality.
-assert all(r["actual"] == r["stored"] for r in rows5), [(r["actual"], r["stored"]) for r in rows5]
-bpb = {(r["weights"], r["kv"]): r["bpb"] for r in rows5}
+assert all(r["weight_bytes"] == r["counted"] for r in rows5), \
+    [(r["precision"], r["weight_bytes"], r["counted"]) for r in rows5]
+bpb = {(r["precision"], r["kv_format"]): r["bits_per_byte"] for r in rows5}
+kl5 = {r["precision"] if r["kv_format"] == "none" else f"{r['kv_format']} KV": r["kl_nats"]
+       for r in rows5 if (r["precision"], r["kv_format"]) != ("float32", "none")}
 check_quality(bpb, base)
-print("int8 / float8 within 0.05 bits/byte of float32; int4 no better than int8")
+check_kl(kl5)
+print("8-bit formats within 0.05 bits/byte and 0.002 nats of float32; int4 costs more")
 
 # %%
-fig = Figure(figsize=(10, 3.6))
-ax1, ax2 = fig.subplots(1, 2)
-for r in rows5[:4]:
-    ax1.plot(r["stored"] / 1e3, r["bpb"] - base, "o")
-    ax1.annotate(r["weights"] if r["weights"] != "none" else "float32",
-                 (r["stored"] / 1e3, r["bpb"] - base), fontsize=8, xytext=(4, 3),
-                 textcoords="offset points")
+fig = Figure(figsize=(10, 3.8))
+ax1, ax2 = fig.subplots(1, 2, sharey=True)
+weights5 = [r for r in rows5 if r["kv_format"] == "none" and r["precision"] != "float32"]
+for i, r in enumerate(weights5):
+    ax1.semilogy(r["weight_bytes"] / 1e3, r["kl_nats"], "os^Dv<"[i % 6],
+                 color=quant_plots.COLORS.get(r["precision"], "C0"), ms=9 - i, ls="",
+                 label=f"{r['precision']}: {r['kl_nats']:.2g} nats")
+ax1.set_xlim(0, max(r["weight_bytes"] for r in weights5) / 1e3 * 1.15)
 ax1.set_xlabel("weights stored (KB)")
-ax1.set_ylabel(f"bits / byte above float32's {base:.3f}")
-ax1.set_title(f"{RECIPE}: int4 costs {bpb['int4', 'none'] - base:+.3f} bits/byte for "
-              f"{rows5[0]['stored'] / rows5[3]['stored']:.1f}x fewer bytes", fontsize=9)
-for r in (rows5[0], rows5[4], rows5[5]):
-    ax2.plot(r["kv_token"], r["bpb"] - base, "s")
-    ax2.annotate(r["kv"] if r["kv"] != "none" else "float32", (r["kv_token"], r["bpb"] - base),
-                 fontsize=8, xytext=(4, 3), textcoords="offset points")
+ax1.set_ylabel("KL from float32's next token (nats)")
+ax1.legend(fontsize=8, loc="lower left")
+ax1.set_title(f"{RECIPE}: int4 moves the distribution {kl5['int4'] / kl5['int8']:.0f}x more "
+              "than int8", fontsize=9)
+for r in (r for r in rows5 if r["kv_format"] != "none"):
+    ax2.semilogy(r["kv_bytes_per_token"], r["kl_nats"], "s", ms=8, ls="",
+                 label=f"{r['kv_format']} KV: {r['kl_nats']:.2g} nats")
+ax2.set_xlim(0, max(r["kv_bytes_per_token"] for r in rows5) * 1.15)  # float32's: the right end
 ax2.set_xlabel("KV cache bytes per token")
-ax2.set_title(f"KV int8: {bpb['none', 'int8'] - base:+.4f} bits/byte for "
-              f"{rows5[0]['kv_token'] / rows5[4]['kv_token']:.1f}x fewer bytes", fontsize=9)
-for ax in (ax1, ax2):
-    ax.ticklabel_format(axis="y", useOffset=False)
-    ax.axhline(0, color="gray", lw=0.8)
+ax2.legend(fontsize=8, loc="upper right")
+ax2.set_title("the cache's formats, float32 weights", fontsize=9)
 fig.tight_layout()
 display(fig)
 
@@ -536,25 +599,26 @@ display(fig)
 if saved is not None and "quality" in saved:
     qq = saved["quality"]
     print(f"saved ({saved_file}): {qq['recipe']} ({qq['preset']}), {qq['metric']}")
-    print(f"{'weights':>8} {'KV':>7} {'bits/byte':>9} {'delta':>8} {'logit error':>11}")
-    for r in qq["results"]:
-        print(f"{r['weight_format']:>8} {r['kv_format']:>7} {r['bits_per_byte']:9.4f} "
-              f"{r['delta_bits_per_byte']:+8.4f} {r['logit_error']:11.4f}")
+    print(quant_plots.quality_claim(saved) + ".")
+    print(quant_plots.kl_claim(saved) + ".")
 
 # %% [markdown]
 # ## Step 6 · When quantization pays
 #
 # - **Memory-bound decode, with a kernel that streams the small bytes.** At small batch a
 #   decode step's time is its bytes over the bandwidth, and int8 / float8 / int4 weights cut
-#   the bytes 2 to 6 times against float32 (step 1). The gain is real only if the product
-#   reads the quantized values directly (step 3): dequantizing to a float weight first is
-#   slower than not quantizing at all, and formats that need unpacking (int4, float8 on a CPU)
-#   need a kernel that vectorizes it. Compute-bound work (prefill, large batches) gains
-#   nothing from smaller weights unless the arithmetic itself is low precision (int8 x int8,
-#   FP8 tensor cores).
+#   the bytes 2 to 6 times against float32 (step 1): the roofline point moves. On a CPU the
+#   step follows only where the product reads the quantized values directly, as the native
+#   kernel does (step 3); compiled by XLA from the JAX reference, the same bytes ran no faster
+#   than float32, and dequantizing to a float weight first is slower than not quantizing at
+#   all. Formats that need unpacking (int4, float8 on a CPU) need a kernel that vectorizes it.
+#   Compute-bound work (prefill, large batches) gains from smaller weights only when the
+#   arithmetic itself is low precision: the int8 dot products of w8a8 and w4a8 (VNNI on a
+#   CPU), FP8 tensor cores on a GPU.
 # - **Capacity.** Smaller weights and an int8 / float8 KV cache leave room for more
 #   sequences and longer contexts (step 4): at long context the cache is most of the memory and
 #   most of the bytes read, so the KV format matters as much as the weights'.
-# - **Quality.** 8 bits (int8 per channel, float8 e4m3) cost little, measured here and widely
+# - **Quality.** 8 bits (int8 per channel, float8 e4m3, int8 activations per block of 32 as
+#   llama.cpp rounds them) cost little, measured here in bits per byte and KL and widely
 #   reported; 4 bits cost more and need small groups (and, in practice, outlier-aware methods
 #   such as GPTQ or AWQ) to stay close. Measure the loss on your own model before you ship.

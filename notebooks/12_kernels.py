@@ -638,8 +638,10 @@ else:
 # GEMV over the same output-major weights (then `native` and `output-major` measured the same
 # batch-1 program twice). A run with the program `native-int8` also ran the same weights
 # quantized to int8 (`quant.quantize(model, weights="int8")`, one scale per output) through the
-# same kernel: a quarter of the bytes and its own roof; the targets are the float32 model's, so
-# the verdicts below leave it out.
+# same kernel: a quarter of the bytes and its own roof; `w8a8` and `w4a8` ran int8 and int4
+# weights with int8 activations in the integer dot kernel (`qdot.cc`), raced against
+# llama.cpp's Q8_0 and Q4_0 (notebook 10). The targets are the float32 model's, so the
+# verdicts below leave the quantized programs out.
 
 # %%
 if race is None:
@@ -678,8 +680,8 @@ if race is not None:
     tg = race["targets"]
     verdicts = []  # (target, program, value, threshold)
     for r in race["table"]:
-        if r["program"] == "native-int8":  # the targets are the float32 model's
-            continue
+        if r["program"] not in ("xla", "output-major", "native"):  # the targets are for
+            continue  # float32; the quantized programs race llama.cpp's formats (notebook 10)
         if r["batch"] == 1:
             if r.get("over_llama.cpp") is not None:
                 verdicts.append(("batch 1 vs llama.cpp", r["program"], r["over_llama.cpp"],

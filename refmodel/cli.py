@@ -146,7 +146,25 @@ def kernels_report() -> tuple[str, int]:
     lines.append(f"gather_pages and paged_attention against numpy (3 sequences, 1-64 tokens): "
                  f"gather {'exact' if same else 'DIFFERS'}, attention largest error {err:.1e}: "
                  f"{'ok' if good else 'FAILED'}")
-    return "\n".join(lines), 0 if ok and good else 1
+    # the integer dot kernel: x rounded to int8 per block, int8 and int4 weights
+    import jax.numpy as jnp
+
+    from refmodel import quant
+    from refmodel.kernels import qdot
+    x = rng.standard_normal((3, 100)).astype(np.float32)
+    w = jnp.asarray(rng.standard_normal((100, 70)), jnp.float32)
+    qerr = 0.0
+    for fmt in ("int8", "int4"):
+        q = quant.quantize_matrix(w, fmt, acts=True)
+        want = np.asarray(quant.round_activations(jnp.asarray(x)) @ q.dequantize(), np.float64)
+        got = np.asarray(jnp.asarray(x) @ qdot.QuantPanels.of_quantized(q), np.float64)
+        qerr = max(qerr, float(np.abs(got - want).max() / np.abs(want).max()))
+    qok = qerr < 1e-5
+    lines.append(f"integer dot (int8 and int4 weights, int8 activations; instruction: "
+                 f"{qdot.int8_dot() or 'none, portable integer arithmetic'}) against the "
+                 f"dequantized product: largest error {qerr:.1e}: "
+                 f"{'ok' if qok else 'FAILED (> 1e-5)'}")
+    return "\n".join(lines), 0 if ok and good and qok else 1
 
 
 def parser() -> argparse.ArgumentParser:

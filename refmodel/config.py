@@ -118,7 +118,7 @@ class ModelConfig:
 
     dtype: str = "float32"  # parameters and caches
     # Quantization (refmodel/quant.py): the weight matrices' format ("none": `dtype`), the
-    # token caches' format, and int8 activations in the products (int8 weights only).
+    # token caches' format, and int8 activations in the products (int8 or int4 weights).
     weight_format: str = "none"
     kv_format: str = "none"
     quant_activations: bool = False
@@ -158,19 +158,21 @@ class ModelConfig:
         one_of("kv_format", self.kv_format, KV_FORMATS)
         one_of("backend", self.backend, BACKENDS)
         stored = self.backend in ("output-major", "native")  # weights stored their own way
-        native_int8 = (self.backend == "native" and self.weight_format == "int8"
-                       and not self.quant_activations)
+        native_quant = self.backend == "native" and (
+            self.weight_format == "int8" or (self.weight_format == "int4"
+                                             and self.quant_activations))
         if stored and (self.dtype != "float32" or (
-                self.weight_format != "none" and not native_int8)):
-            allowed = ("float32 weights, or weight_format='int8' without quant_activations"
-                       if self.backend == "native" else "float32 weights")
+                self.weight_format != "none" and not native_quant)):
+            allowed = ("float32 weights, weight_format='int8', or 'int4' with "
+                       "quant_activations=True" if self.backend == "native"
+                       else "float32 weights")
             raise ValueError(f"backend={self.backend!r} takes {allowed}; this config has "
                              f"dtype={self.dtype!r}, weight_format={self.weight_format!r}, "
                              f"quant_activations={self.quant_activations}: use backend='xla', "
                              "or dtype='float32' with weight_format='none'")
-        if self.quant_activations and self.weight_format != "int8":
-            raise ValueError(f"quant_activations=True needs weight_format='int8', not "
-                             f"{self.weight_format!r}: the int8 x int8 -> int32 product")
+        if self.quant_activations and self.weight_format not in ("int8", "int4"):
+            raise ValueError(f"quant_activations=True needs weight_format 'int8' or 'int4', not "
+                             f"{self.weight_format!r}: the integer dot product")
         self._check_patterns()
         non_negative("first_dense_layers", self.first_dense_layers)
         if not 0 <= self.first_dense_layers <= self.n_layers:

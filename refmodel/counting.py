@@ -20,10 +20,12 @@ from dataclasses import dataclass
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1, "int8": 1, "int4": 0.5}
 FLOATS = ("float32", "bfloat16", "float16")  # stored as they are, no scales
 
-# Quantized formats carry float32 scales (refmodel/quant.py makes exactly these arrays):
-# weights one scale per output channel (int8, float8) or per QUANT_GROUP inputs of each output
-# channel (int4); a KV cache one scale per cached vector (a head's key, a latent row).
+# Quantized formats carry scales (refmodel/quant.py makes exactly these arrays): weights one
+# float32 per output channel (int8, float8) or one float16 per QUANT_GROUP inputs of each
+# output channel (int4: llama.cpp's Q4_0 layout, 4.5 bits per weight); a KV cache one float32
+# per cached vector (a head's key, a latent row).
 SCALE_BYTES = 4
+WEIGHT_SCALE_BYTES = {"int8": 4, "float8": 4, "int4": 2}
 QUANT_GROUP = {"int8": None, "float8": None, "int4": 32}
 
 
@@ -77,7 +79,8 @@ class Dtypes:
         format stores each channel's inputs padded to whole groups."""
         group = QUANT_GROUP.get(self.weight)
         stored = -(-k // group) * group if group else k
-        return stored * n * BYTES[self.weight] + n * scales_per_row(self.weight, k) * SCALE_BYTES
+        scales = n * scales_per_row(self.weight, k)
+        return stored * n * BYTES[self.weight] + scales * WEIGHT_SCALE_BYTES.get(self.weight, 0)
 
     def kv_bytes(self, elements: float, vector: int) -> float:
         """Bytes of `elements` cached numbers stored in vectors of `vector` (a head's key, a

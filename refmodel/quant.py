@@ -1,12 +1,16 @@
-"""Quantized weights and caches: int8, float8 (e4m3) and int4 numbers with float32 scales.
+"""Quantized weights and caches: int8, float8 (e4m3) and int4 numbers with their scales.
 
 Formats (symmetric, round to nearest; what each stores is what `refmodel.counting` counts):
 - `int8`: one scale per output channel, s = max|w| / 127 over the channel's inputs;
 - `float8`: e4m3 (`jnp.float8_e4m3fn`, max 448), one scale per output channel, s = max|w| / 448;
-- `int4`: one scale per QUANT_GROUP = 32 inputs of each output channel, s = max|w| / 7,
-  values in [-8, 7], two packed per byte (`packed`, below).
+- `int4`: one float16 scale per QUANT_GROUP = 32 inputs of each output channel, s = max|w| /
+  7, values in [-8, 7], two packed per byte (`packed`, below): llama.cpp's Q4_0 layout, 4.5
+  bits per weight (int8 and float8 keep a float32 scale per output channel).
 A KV cache in int8 or float8 keeps one scale per cached vector (a head's key or value, a
-latent row): `QuantCache`.
+latent row): `QuantCache`. With `activations=True` (int8 or int4 weights) the activations are
+rounded to int8 too, per block of ACT_BLOCK = 32 inputs (s = max|x| / 127 over the block), as
+llama.cpp's Q8_0 and Q4_0 dot products round theirs: the product is then an integer dot per
+block, scaled by both scales.
 
 A quantized weight is a `Quantized` pytree stored output-major, q [..., n_out, n_in], so
 that the product with a few activation rows is one fused multiply-and-reduce over the
@@ -17,7 +21,10 @@ than the float32 GEMV (`python -m microbench quant` measures them all). More row
 (prefill) dequantize once and run the float GEMM. With backend="native"
 (`backends.use(quantize(model, weights="int8"), "native")`) an int8 matrix is stored in the
 native kernel's panels instead, converted to float as it is loaded: every product, one row or
-many, in the kernel.
+many, in the kernel; an int8 or int4 matrix with int8 activations is stored for the integer
+dot kernel (`refmodel/kernels/qdot.cc`), which sums each block's byte products with the CPU's
+int8 dot instruction, as llama.cpp does. On "xla" the activations are rounded
+(`round_activations`) and the product is the weight-only one: the same numbers, no faster.
 
 `quantize(model, weights=..., kv=...)` is the one call: any model (random or trained) comes
 back with its matrices and its cache format as the config says; the modules declare which of
@@ -37,9 +44,11 @@ from refmodel import ops
 from refmodel.counting import QUANT_GROUP
 
 WEIGHT_FORMATS = ("int8", "float8", "int4")
+ACT_FORMATS = ("int8", "int4")  # weight formats whose products may take int8 activations
 KV_FORMATS = ("int8", "float8")
 STORAGE = {"int8": jnp.int8, "float8": jnp.float8_e4m3fn, "int4": jnp.int8}
 QMAX = {"int8": 127.0, "float8": 448.0, "int4": 7.0}
+ACT_BLOCK = 32  # inputs per activation scale with activations=True (llama.cpp's Q8_0 block)
 # Rows at or below which a product runs as a fused multiply-and-reduce over the quantized
 # weight; above, the weight is dequantized once and the float GEMM runs (past ~32 rows the
 # reduce loses to the GEMM: `python -m microbench quant` times both).
@@ -58,6 +67,17 @@ def _scale(amax: jax.Array, fmt: str) -> jax.Array:
     return jnp.where(amax > 0, amax / QMAX[fmt], 1.0)
 
 
+def _half(scale: jax.Array) -> jax.Array:
+    """A float32 scale as the float16 it is stored in, rounded up so that max|w| / s stays
+    within the format (rounded down it could pass 7) and kept inside float16's range: from its
+    smallest subnormal (a smaller group rounds to zeros either way) to its largest number."""
+    f16 = jnp.finfo(jnp.float16)
+    s = jnp.clip(scale, float(f16.smallest_subnormal), float(f16.max))
+    half = s.astype(jnp.float16)
+    return jnp.where(half.astype(jnp.float32) < s, jnp.nextafter(half, jnp.float16(jnp.inf)),
+                     half)
+
+
 # Weights -----------------------------------------------------------------------------------------
 
 @struct.dataclass
@@ -68,13 +88,13 @@ class Quantized:
     `lead` leading axes index stacked matrices (a MoE's experts); the next `contract` axes
     are the inputs (n_in, their product), the rest the outputs (n_out). int4 packs two values
     per byte: q [*lead, n_out, n_pad / 2] with n_pad = n_in rounded up to a whole group, value
-    j of a row in the low nibble of byte j and value j + n_pad / 2 in the high one. `acts`:
-    int8 only, the
-    activations are quantized per row too and the product is an int8 x int8 -> int32 dot.
+    j of a row in the low nibble of byte j and value j + n_pad / 2 in the high one. `acts`
+    (int8 and int4): the activations are rounded to int8 per block of ACT_BLOCK inputs before
+    the product (`round_activations`), as an integer dot product reads them.
     """
 
     q: jax.Array
-    scale: jax.Array  # float32 [*lead, n_out] (int8, float8) or [*lead, n_out, groups] (int4)
+    scale: jax.Array  # float32 [*lead, n_out] (int8, float8), float16 [*lead, n_out, groups] (int4)
     fmt: str = struct.field(pytree_node=False)
     shape: tuple = struct.field(pytree_node=False)
     lead: int = struct.field(pytree_node=False, default=0)
@@ -130,7 +150,7 @@ def _expand_scale(w: Quantized) -> jax.Array:
     """Scales broadcast to q's unpacked [*lead, n_out, n_pad]."""
     if QUANT_GROUP[w.fmt] is None:
         return w.scale[..., None]
-    return jnp.repeat(w.scale, QUANT_GROUP[w.fmt], axis=-1)
+    return jnp.repeat(w.scale.astype(jnp.float32), QUANT_GROUP[w.fmt], axis=-1)
 
 
 def unpack(w: Quantized) -> jax.Array:
@@ -147,8 +167,9 @@ def quantize_matrix(w: jax.Array, fmt: str, lead: int = 0, contract: int = 1,
     """A float weight of shape lead + input axes + output axes -> `Quantized` in `fmt`."""
     if fmt not in WEIGHT_FORMATS:
         raise ValueError(f"weight format {fmt!r} is not one of {list(WEIGHT_FORMATS)}")
-    if acts and fmt != "int8":
-        raise ValueError(f"quantized activations need int8 weights, not {fmt!r}")
+    if acts and fmt not in ACT_FORMATS:
+        raise ValueError(f"quantized activations need weights in {list(ACT_FORMATS)}, not "
+                         f"{fmt!r}")
     shape = tuple(w.shape)
     lead_shape = shape[:lead]
     n_in, n_out = math.prod(shape[lead:lead + contract]), math.prod(shape[lead + contract:])
@@ -161,8 +182,8 @@ def quantize_matrix(w: jax.Array, fmt: str, lead: int = 0, contract: int = 1,
         n_pad = -(-n_in // group) * group
         wt = jnp.pad(wt, [(0, 0)] * (wt.ndim - 1) + [(0, n_pad - n_in)])
         groups = wt.reshape(*wt.shape[:-1], n_pad // group, group)
-        scale = _scale(jnp.max(jnp.abs(groups), axis=-1), fmt)  # [*lead, n_out, groups]
-        v = _round(groups / scale[..., None], fmt).reshape(wt.shape)  # [*lead, n_out, n_pad]
+        scale = _half(_scale(jnp.max(jnp.abs(groups), axis=-1), fmt))  # [*lead, n_out, groups]
+        v = _round(groups / scale[..., None].astype(jnp.float32), fmt).reshape(wt.shape)
         half = n_pad // 2
         q = (v[..., :half] & 0xF) | jnp.left_shift(v[..., half:], 4)  # two per byte
     return Quantized(q, scale, fmt, shape, lead, contract, acts)
@@ -172,19 +193,15 @@ def matmul(x: jax.Array, w: Quantized) -> jax.Array:
     """x [..., n_in] times the quantized w (n_in inputs, n_out outputs) -> [..., n_out] in
     x's dtype.
 
-    Up to FEW_ROWS rows: the fused multiply-and-reduce over each output channel's stored
-    values, scaled once per channel (int4: per group, inside the reduce). More: dequantize,
-    then the float GEMM. int8 with `acts`: x quantized per row, an int32-accumulating dot.
+    With `acts`, x is first rounded to int8 per block (`round_activations`). Up to FEW_ROWS
+    rows: the fused multiply-and-reduce over each output channel's stored values, scaled once
+    per channel (int4: per group, inside the reduce). More: dequantize, then the float GEMM.
     """
     lead, n_in = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, n_in)
     if w.acts:
-        sx = _scale(jnp.max(jnp.abs(rows), axis=-1), "int8")  # [M]
-        xq = _round(rows / sx[:, None], "int8")
-        acc = jax.lax.dot_general(xq, w.q, (((1,), (1,)), ((), ())),
-                                  preferred_element_type=jnp.int32)  # [M, n_out]
-        y = acc.astype(jnp.float32) * sx[:, None] * w.scale
-    elif rows.shape[0] <= FEW_ROWS:
+        rows = round_activations(rows)
+    if rows.shape[0] <= FEW_ROWS:
         xf = rows.astype(jnp.float32)
         if QUANT_GROUP[w.fmt] is not None:
             xf = jnp.pad(xf, ((0, 0), (0, w.q.shape[-1] * 2 - n_in)))  # to whole groups
@@ -193,8 +210,21 @@ def matmul(x: jax.Array, w: Quantized) -> jax.Array:
         else:
             y = jax.vmap(lambda r: _reduce(w, r[None, :]))(xf)  # [M, n_out]
     else:
-        y = rows @ w.dequantize(x.dtype).reshape(w.k, w.n)
+        y = rows @ w.dequantize(rows.dtype).reshape(w.k, w.n)
     return y.astype(x.dtype).reshape(*lead, w.n)
+
+
+def round_activations(x: jax.Array) -> jax.Array:
+    """x [..., n] as an int8 dot product reads it: each block of ACT_BLOCK inputs (the last
+    one zero-padded) rounded to int8 with scale s = max|x| / 127 over the block, then times s.
+    The integer product of these int8 values with a quantized weight, scaled by both scales, is
+    the float product of this x with the dequantized weight (to float rounding)."""
+    n = x.shape[-1]
+    xf = jnp.pad(x.astype(jnp.float32), [(0, 0)] * (x.ndim - 1) + [(0, -n % ACT_BLOCK)])
+    blocks = xf.reshape(*xf.shape[:-1], -1, ACT_BLOCK)
+    s = _scale(jnp.max(jnp.abs(blocks), axis=-1), "int8")[..., None]
+    q = _round(blocks / s, "int8")
+    return (q.astype(jnp.float32) * s).reshape(xf.shape)[..., :n].astype(x.dtype)
 
 
 def _reduce(w: Quantized, x: jax.Array) -> jax.Array:

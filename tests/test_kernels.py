@@ -405,11 +405,11 @@ def test_config_refuses_native_where_it_cannot_run():
         tiny(backend="native", dtype="bfloat16")
     with pytest.raises(ValueError, match="backend='output-major' takes float32"):
         tiny(backend="output-major", dtype="float16")
-    with pytest.raises(ValueError, match="backend='native' takes float32 weights, or "
-                       "weight_format='int8' without quant_activations.*'int4'"):
+    with pytest.raises(ValueError, match="backend='native' takes float32 weights, "
+                       "weight_format='int8', or 'int4' with quant_activations=True.*'int4'"):
         tiny(backend="native", weight_format="int4")
-    with pytest.raises(ValueError, match="quant_activations=True"):
-        tiny(backend="native", weight_format="int8", quant_activations=True)
+    with pytest.raises(ValueError, match="backend='native' takes .*'float8'"):
+        tiny(backend="native", weight_format="float8")
     with pytest.raises(ValueError, match="backend='output-major' takes float32 weights;"):
         tiny(backend="output-major", weight_format="int8")
     assert tiny(backend="native", weight_format="int8").weight_format == "int8"

@@ -1,6 +1,8 @@
 """The llama.cpp peer (microbench.studies.llamacpp): the GGUF file holds refmodel's weights, read
 back with gguf's own reader and the RoPE reordering undone; configs the "llama" graph cannot run are
-refused by name; and llama.cpp, given the file, picks the same greedy tokens as refmodel."""
+refused by name; llama.cpp, given the file, picks the same greedy tokens as refmodel and, with
+logits_all, returns refmodel's logits at every position; its quantizer writes its own formats,
+whose bytes gguf_info counts as gguf's block table does."""
 
 import numpy as np
 import pytest
@@ -130,3 +132,49 @@ def test_llama_cpp_decodes_as_refmodel(written):
     finally:
         server.close()
     assert server._proc.poll() is not None
+
+
+def test_llama_cpp_quantizes_in_its_own_formats(written, tmp_path):
+    """llama.cpp's quantizer writes Q8_0 and Q4_0 files of our F32 GGUF; gguf_info's bits per
+    weight are the tensors' bytes as gguf's own block table (GGML_QUANT_SIZES) counts them."""
+    pytest.importorskip("llama_cpp")
+    _, path = written
+    for ftype in ("Q8_0", "Q4_0"):
+        out = llamacpp.quantize(path, tmp_path / f"{ftype}.gguf", ftype, threads=1)
+        info = llamacpp.gguf_info(out)
+        tensors = [t for t in gguf.GGUFReader(out).tensors if t.name != "token_embd.weight"]
+        matrices = [t for t in tensors if len(t.shape) >= 2]
+
+        def nbytes(t):  # elements / block size * bytes per block
+            block, size = gguf.GGML_QUANT_SIZES[t.tensor_type]
+            return int(t.n_elements) // block * size
+
+        want = 8 * sum(nbytes(t) for t in matrices) / sum(int(t.n_elements) for t in matrices)
+        assert info["matrix_bpw"] == pytest.approx(want)
+        assert info["step_weight_bytes"] == sum(nbytes(t) for t in tensors)
+        assert info["types"][ftype] >= 1 and info["types"]["F32"] >= 1  # the norms stay F32
+        assert info["file_bytes"] == out.stat().st_size
+    assert llamacpp.gguf_info(tmp_path / "Q8_0.gguf")["matrix_bpw"] == 8.5  # 34 B per 32
+    with pytest.raises(ValueError, match="ftype='Q2_K' is not allowed"):
+        llamacpp.quantize(path, tmp_path / "x.gguf", "Q2_K")
+
+
+def test_sequence_logits_are_every_positions_logits(written):
+    pytest.importorskip("llama_cpp")
+    model, path = written
+    prompt = np.random.default_rng(1).integers(0, model.cfg.vocab_size, 12)
+    want = np.asarray(refmodel.forward(model, prompt[None]))[0]  # [T, V]
+    server = llamacpp.Server(path, context=16, threads=1, logits_all=True)
+    try:
+        got = server.sequence_logits(prompt)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(server.logits(prompt), want[-1], rtol=1e-4, atol=1e-4)
+    finally:
+        server.close()
+    plain = llamacpp.Server(path, context=16, threads=1)
+    try:
+        with pytest.raises(ValueError, match="logits_all=True"):
+            plain.sequence_logits(prompt)
+    finally:
+        plain.close()

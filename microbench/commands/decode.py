@@ -1,6 +1,8 @@
 """`decode`: the decode race (microbench.studies.decode): our decode step with XLA's and the
-native kernel's weight products against the C read, numpy's GEMM, llama.cpp and transformers,
-in interleaved rounds."""
+native kernel's weight products, in float32 and quantized (int8, int4), against the C read,
+numpy's GEMM, llama.cpp in F32 and in its own Q8_0, Q4_0 and Q4_K_M files, and transformers,
+in interleaved rounds; then each format's greedy agreement and quality (KL from float32 on
+held-out text), a w8a8 prefill against float32 and the public step beside the raw one."""
 
 from __future__ import annotations
 
@@ -20,12 +22,16 @@ def _batches(text: str) -> tuple[int, ...]:
 
 def add_args(p) -> None:
     p.add_argument("--quick", action="store_true",
-                   help="the `bench` model, batches 1 and 4, 2 rounds, no peers: ~1 minute")
+                   help="the `bench` model, batches 1 and 4, 2 rounds, no peers, quality on "
+                        "the micro model: ~2 minutes")
     p.add_argument("--model", default=None, help="preset (default llama-309m)")
     p.add_argument("--context", type=int, default=None, help="tokens in the cache (default 128)")
     p.add_argument("--batches", type=_batches, default=None, help="e.g. 1,2,4,8")
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3)")
     p.add_argument("--no-peers", action="store_true", help="skip llama.cpp and transformers")
+    p.add_argument("--quality-model", default=None,
+                   help="training recipe whose held-out text the formats' KL is taken on "
+                        "(default target; --quick: micro)")
     add_output(p, "results/decode")
 
 
@@ -37,7 +43,8 @@ def run(args) -> int:
     t0 = time.perf_counter()
     setup = QUICK if args.quick else Setup()
     changes = {f: v for f, v in (("model", args.model), ("context", args.context),
-                                 ("batches", args.batches), ("rounds", args.rounds))
+                                 ("batches", args.batches), ("rounds", args.rounds),
+                                 ("quality_model", args.quality_model))
                if v is not None}
     if args.no_peers:
         changes["peers"] = False

@@ -1,5 +1,6 @@
-"""`quant`: quantized products, steps and quality: the formulation table, decode and prefill at
-every precision beside their counted bytes, bits per byte per weight and KV format."""
+"""`quant`: quantized steps, products and quality: decode and prefill at every precision on the
+native kernel and on XLA beside their counted bytes, the formulation table, and bits per byte
+and KL divergence per weight, activation and KV format."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from microbench.commands.study import DEFAULT_PEAKS, add_output, finish, progres
 
 def add_args(p) -> None:
     p.add_argument("--quick", action="store_true",
-                   help="a 1024 x 1024 weight, the `small` model, the micro recipe: ~2 minutes")
+                   help="`medium` cut to the fewest layers whose int8 weights are twice the "
+                        "last-level cache, a 1024 x 1024 weight, the micro recipe: ~2 minutes")
     p.add_argument("--model", default=None, help="preset of the step timings (default medium)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="time the preset's first LAYERS layers (0: all of them)")
     p.add_argument("--rounds", type=int, default=None, help="interleaved timing rounds")
     p.add_argument("--peaks", default=None,
                    help="peaks.json whose DRAM read roof predicts each step (default: the first "
@@ -23,11 +27,12 @@ def add_args(p) -> None:
 def run(args) -> int:
     from microbench import harness
     from microbench.files import check_writable_dir
-    from microbench.studies.quant import QUICK, Setup, measure
+    from microbench.studies.quant import Setup, measure, quick_setup
 
     t0 = time.perf_counter()
-    setup = QUICK if args.quick else Setup()
-    changes = {f: v for f, v in (("model", args.model), ("rounds", args.rounds)) if v is not None}
+    setup = quick_setup() if args.quick else Setup()
+    changes = {f: v for f, v in (("model", args.model), ("layers", args.layers),
+                                 ("rounds", args.rounds)) if v is not None}
     setup = dataclasses.replace(setup, **changes)
     setup.check()
     roofs = saved_roofs(args.peaks)

@@ -80,7 +80,12 @@ def saved_roofs(path: str | None) -> dict | None:
     from microbench.studies.speculative import roofs_from_peaks
 
     path = peaks_file(path)
-    return roofs_from_peaks(read_json(path), path) if path else None
+    if path is None:
+        return None
+    root = Path(__file__).resolve().parents[2]  # the project's folder
+    shown = Path(path).resolve()  # named as the reader finds it: inside the project, relative
+    shown = shown.relative_to(root) if shown.is_relative_to(root) else shown
+    return roofs_from_peaks(read_json(path), str(shown))
 
 
 def finish(name: str, result: dict, out_dir, t0: float, plot: bool = True,

@@ -1,17 +1,21 @@
 """The quantization figure and summary, drawn only from a saved quant result (quant.json,
-`python -m microbench quant`): the quality each weight and KV format costs beside the bytes it
-saves, the decode step's measured speedup per precision beside the speedup its bytes promise,
-and the bandwidth each formulation of a quantized product reaches.
+`python -m microbench quant`): the decode step's measured speedup over float32 against the
+bytes ratio its format promises, on the native kernel and on XLA; the quality each weight,
+activation and KV format costs (bits per byte, KL divergence from the float model) beside the
+bytes it saves; and the bandwidth each of XLA's formulations of a quantized product reaches.
 
-Every title states numbers computed here from the JSON (the fastest precision and what its bytes
-promised, the bits per byte each format adds, the bandwidth of the formulation refmodel uses);
-nothing in a title is assumed. Imports matplotlib, numpy and microbench.plots only (no JAX):
-`python -m microbench.plots.quant quant.json [out_dir]` redraws a saved result.
+Every title states numbers computed here from the JSON (each format's speedup on each path
+and its bytes ratio, the bits per byte and KL each format adds, the bandwidth of the
+formulation refmodel uses); nothing in a title is assumed. A result whose steps record no
+path (an older layout) is read as XLA's path, and its claims name no path. Imports matplotlib,
+numpy and microbench.plots only (no JAX): `python -m microbench.plots.quant quant.json
+[out_dir]` redraws a saved result.
 """
 
 from __future__ import annotations
 
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +32,7 @@ from microbench.plots.common import (
     new_figure,
     num,
     place_labels,
+    plain_log,
     redraw_main,
     save,
     styled,
@@ -38,8 +43,10 @@ from microbench.plots.serving import _note, machine_name
 
 FILE = "quant.png"
 COMMAND = "python -m microbench quant"
-FORMAT_COLORS = {"float32": "0.35", "bfloat16": PALETTE[0], "int8": PALETTE[1],
-                 "float8": PALETTE[2], "int4": PALETTE[3]}
+COLORS = {"float32": "0.35", "bfloat16": PALETTE[0], "int8": PALETTE[1], "float8": PALETTE[2],
+          "int4": PALETTE[3], "int8 w8a8": PALETTE[4], "int4 w4a8": PALETTE[5]}
+PATH_NAMES = {"native": "the native kernel", "xla": "XLA"}
+BATCH_MARKERS = {1: "o", 8: "s"}
 SMALL = {"fontsize": 9, "color": "0.3"}
 
 
@@ -50,8 +57,8 @@ def fmt_name(fmt: str | None) -> str:
     return "float32" if fmt in (None, "none") else str(fmt)
 
 
-def _color(fmt: str, i: int = 0):
-    return FORMAT_COLORS.get(fmt.split()[0], PALETTE[(i + 4) % len(PALETTE)])
+def _color(name: str, i: int = 0):
+    return COLORS.get(name, COLORS.get(name.split()[0], PALETTE[(i + 6) % len(PALETTE)]))
 
 
 def _mb(nbytes) -> str:
@@ -79,6 +86,13 @@ def _pct(value) -> str:
     return "n/a" if value is None else f"{value:.2%}"
 
 
+def _kl(value) -> str:
+    """A KL divergence in nats: 2.4e-05, 0.0083, 0."""
+    if value is None:
+        return "n/a"
+    return "0" if value == 0 else f"{value:.2g}"
+
+
 # ------------------------------------------------------------------ selecting from the result
 
 def _forms(result: dict) -> list[dict]:
@@ -90,7 +104,9 @@ def _steps(result: dict) -> list[dict]:
 
 
 def _quality(result: dict) -> list[dict]:
-    return (result.get("quality") or {}).get("results") or []
+    """The quality rows measured (not those skipped)."""
+    return [r for r in (result.get("quality") or {}).get("results") or []
+            if "bits_per_byte" in r]
 
 
 def _unique(values) -> list:
@@ -99,6 +115,27 @@ def _unique(values) -> list:
         if v not in out:
             out.append(v)
     return out
+
+
+def path_of(row: dict) -> str:
+    """The path a step row ran on; a row that records none is XLA's (the older layout)."""
+    return row.get("path", "xla")
+
+
+def _where(result: dict, path: str) -> str:
+    """' on the native kernel' / ' on XLA' where the steps record their path, else ''."""
+    return f" on {PATH_NAMES[path]}" if any("path" in r for r in _steps(result)) else ""
+
+
+def skipped(result: dict) -> list[dict]:
+    """The step cases recorded as skipped: [{path, precision, phase, reason}]."""
+    return (result.get("steps") or {}).get("skipped") or []
+
+
+def path_skipped(result: dict, path: str) -> str | None:
+    """Why a whole path was skipped ("skipped: ..."), or None."""
+    return next((s["reason"] for s in skipped(result) if s["path"] == path
+                 and s.get("precision") is None), None)
 
 
 def _kv_contexts(result: dict) -> set:
@@ -115,11 +152,13 @@ def decode_context(result: dict) -> int | None:
     return min(rows) if rows else None
 
 
-def decode_rows(result: dict, batch: int) -> list[dict]:
-    """The decode steps of every precision at `batch` and the decode context, float32 first."""
+def decode_rows(result: dict, batch: int, path: str = "xla") -> list[dict]:
+    """The decode steps of every precision on `path` at `batch` and the decode context,
+    float32 first."""
     ctx = decode_context(result)
     rows = [r for r in _steps(result) if r["phase"] == "decode" and r["batch"] == batch
-            and r["context"] == ctx and r.get("kv_format", "none") == "none"]
+            and r["context"] == ctx and r.get("kv_format", "none") == "none"
+            and path_of(r) == path]
     return sorted(rows, key=lambda r: r["precision"] != "float32")
 
 
@@ -129,18 +168,27 @@ def decode_batches(result: dict) -> list[int]:
                    and r["context"] == ctx and r.get("kv_format", "none") == "none"})
 
 
+def paths(result: dict) -> list[str]:
+    """The paths with a measured step, the native kernel first."""
+    found = {path_of(r) for r in _steps(result)}
+    return [p for p in PATH_NAMES if p in found]
+
+
 def _reference(result: dict, row: dict) -> dict | None:
-    """The float32 row with row's phase, batch and context (and an unquantized cache)."""
+    """The float32 row of row's path with its phase, batch and context, float cache."""
     for r in _steps(result):
         if (r["precision"] == "float32" and r.get("kv_format", "none") == "none"
-                and (r["phase"], r["batch"], r["context"]) ==
+                and path_of(r) == path_of(row) and (r["phase"], r["batch"], r["context"]) ==
                 (row["phase"], row["batch"], row["context"])):
             return r
     return None
 
 
 def bytes_ratio(result: dict, row: dict) -> float | None:
-    """float32's counted bytes over row's: the speedup a memory-bound step would get."""
+    """float32's counted bytes over row's: the speedup a memory-bound step would get (as the
+    row records it, else from its float32 row)."""
+    if row.get("bytes_ratio") is not None:
+        return row["bytes_ratio"]
     ref = _reference(result, row)
     if ref is None or not row.get("bytes"):
         return None
@@ -151,19 +199,26 @@ def kv_rows(result: dict) -> list[dict]:
     """The long-context decode steps comparing KV formats (the float cache first)."""
     ctxs = _kv_contexts(result)
     rows = [r for r in _steps(result) if r["phase"] == "decode" and r["context"] in ctxs
-            and r["precision"] == "float32"]
+            and r["precision"] == "float32" and path_of(r) == "xla"]
     return sorted(rows, key=lambda r: r.get("kv_format", "none") != "none")
+
+
+def _spread(row: dict) -> tuple[float, float] | None:
+    """The lowest and highest per-round speedup of a row, when it keeps them."""
+    rounds = row.get("speedup_rounds")
+    return (min(rounds), max(rounds)) if rounds else None
 
 
 # ------------------------------------------------------------------ the headlines
 
-def step_claim(result: dict, batch: int = 1, short: bool = False) -> str:
-    """The fastest quantized decode step at `batch` against float32, beside its bytes ratio;
-    int8's too when int8 is not the fastest. short: the title's form."""
-    rows = [r for r in decode_rows(result, batch) if r["precision"] != "float32"
+def step_claim(result: dict, batch: int = 1, path: str = "xla", short: bool = False) -> str:
+    """The fastest quantized decode step on `path` at `batch` against float32, beside its bytes
+    ratio; int8's too when int8 is not the fastest. short: the title's form."""
+    rows = [r for r in decode_rows(result, batch, path) if r["precision"] != "float32"
             and r.get("speedup") is not None]
+    head = f"batch {batch}{_where(result, path)}"
     if not rows:
-        return f"no quantized decode step measured at batch {batch}"
+        return f"{head}: {path_skipped(result, path) or 'no quantized decode step measured'}"
     best = max(rows, key=lambda r: r["speedup"])
 
     def part(r, first=True):
@@ -174,13 +229,51 @@ def step_claim(result: dict, batch: int = 1, short: bool = False) -> str:
         return f"{r['precision']} {times(r['speedup'])} of float32, bytes promise {br}"
 
     if best["speedup"] > 1:
-        text = f"batch {batch}: fastest {part(best)}"
+        text = f"{head}: fastest {part(best)}"
     else:
-        text = f"batch {batch}: none beats float32; best {part(best)}"
+        text = f"{head}: none beats float32; best {part(best)}"
     int8 = next((r for r in rows if r["precision"] == "int8"), None)
     if int8 is not None and int8 is not best:
         text += f"; {part(int8, False)}"
     return text
+
+
+def follow_claim(result: dict, batch: int = 1, short: bool = False) -> str:
+    """Each format measured on both paths at `batch` (else on any): its bytes ratio and its
+    speedup on each path: 'batch 1: int8 (3.95x fewer bytes) 3.19x on the native kernel, 0.720x
+    on XLA; ...'. short: int8 alone (else the first such format), the paths' short names."""
+    by_path = {p: {r["precision"]: r for r in decode_rows(result, batch, p)
+                   if r["precision"] != "float32"} for p in paths(result)}
+    common_ = set.intersection(*(set(v) for v in by_path.values())) if by_path else set()
+    labels = [lab for lab in _unique(lab for v in by_path.values() for lab in v)
+              if lab in common_ or not common_]
+    if not labels:
+        return f"batch {batch}: no quantized decode step measured"
+    if short:
+        labels = ["int8"] if "int8" in labels else labels[:1]
+    names = {"native": "native", "xla": "XLA"} if short else \
+        {p: f"on {n}" for p, n in PATH_NAMES.items()}
+    parts = []
+    for lab in labels:
+        rows = [(p, by_path[p][lab]) for p in by_path if lab in by_path[p]]
+        sp = ", ".join(f"{times(r['speedup'])} {names[p]}" for p, r in rows)
+        fewer = f"{times(bytes_ratio(result, rows[0][1]))} fewer bytes"
+        parts.append(f"{lab} {sp}, for {fewer}" if short else f"{lab} ({fewer}) {sp}")
+    return f"batch {batch}: " + "; ".join(parts)
+
+
+def readme_claim(result: dict) -> str:
+    """The README's results-table headline: batch 1 on each path, and the model timed."""
+    steps = result.get("steps") or {}
+    model = f"the `{steps.get('model', '?')}` preset"
+    if steps.get("layers") and (result.get("setup") or {}).get("layers"):
+        model += f" cut to {steps['layers']} layers"
+    if not any("path" in r for r in _steps(result)):
+        return f"{step_claim(result, 1)} (decode step of {model})"
+    if "native" in paths(result):
+        return f"{follow_claim(result, 1)} (decode step of {model})"
+    why = path_skipped(result, "native") or "not measured"
+    return f"{step_claim(result, 1)}; native kernel {why} (decode step of {model})"
 
 
 def kv_claim(result: dict) -> str:
@@ -199,7 +292,8 @@ def _short_step(result: dict, row: dict) -> dict | None:
     ctx = decode_context(result)
     return next((r for r in _steps(result) if r["precision"] == "float32"
                  and r["phase"] == "decode" and r["batch"] == row["batch"]
-                 and r["context"] == ctx and r.get("kv_format", "none") == "none"), None)
+                 and r["context"] == ctx and r.get("kv_format", "none") == "none"
+                 and path_of(r) == path_of(row)), None)
 
 
 def kv_cause(result: dict) -> str | None:
@@ -260,27 +354,51 @@ def formulation_claim(result: dict, rows: int) -> str:
     return text
 
 
+def qname(row: dict) -> str:
+    """A quality row's weight format as drawn: its precision label (int8 w8a8: activations
+    int8 too), else its weight format."""
+    return row.get("precision") or fmt_name(row.get("weight_format"))
+
+
 def _weight_rows(result: dict) -> list[dict]:
     return [r for r in _quality(result) if r.get("kv_format", "none") == "none"]
 
 
 def _kv_quality_rows(result: dict) -> list[dict]:
     """The float-weight rows, unquantized cache first: the KV formats' quality."""
-    rows = [r for r in _quality(result) if r.get("weight_format", "none") == "none"]
+    rows = [r for r in _quality(result) if r.get("weight_format", "none") == "none"
+            and r.get("activations", "float32") != "int8"]
     return sorted(rows, key=lambda r: r.get("kv_format", "none") != "none")
 
 
 def quality_claim(result: dict, short: bool = False) -> str:
-    """The bits per byte each quantized weight format adds (short: without the bytes)."""
+    """The bits per byte each quantized weight format adds, at its share of the bytes. short:
+    the title's form, int8 and int4 alone (every format in the legend), each with its KL."""
     rows = _weight_rows(result)
-    base = next((r for r in rows if r["weight_format"] == "none"), None)
-    quant = [r for r in rows if r["weight_format"] != "none"]
+    base = next((r for r in rows if qname(r) == "float32"), None)
+    quant = [r for r in rows if qname(r) != "float32"]
     if base is None or not quant:
         return "no quantized weight format evaluated"
-    parts = [f"{r['weight_format']} {_signed(r.get('delta_bits_per_byte'))}" + (
-        "" if short else f" at {num(r['weight_bytes'] / base['weight_bytes'])}x the bytes")
-        for r in quant]
+    if short:
+        quant = [r for r in quant if qname(r) in ("int8", "int4")] or quant[:2]
+        return "vs float32: " + ", ".join(
+            f"{qname(r)} {_signed(r.get('delta_bits_per_byte'))} bits/B" + (
+                f" (KL {_kl(r['kl_nats'])} nats)" if r.get("kl_nats") is not None else "")
+            for r in quant)
+    parts = [f"{qname(r)} {_signed(r.get('delta_bits_per_byte'))} at "
+             f"{num(r['weight_bytes'] / base['weight_bytes'])}x the bytes" for r in quant]
     return "bits per byte vs float32 weights: " + ", ".join(parts)
+
+
+def kl_claim(result: dict) -> str:
+    """The KL divergence of each format's next-token distribution from float32's."""
+    rows = [r for r in _quality(result) if r.get("kl_nats") is not None
+            and (qname(r) != "float32" or r.get("kv_format", "none") != "none")]
+    if not rows:
+        return "no KL divergence measured"
+    return "KL from float32's next token (nats): " + ", ".join(
+        f"{qname(r) if r.get('kv_format', 'none') == 'none' else r['kv_format'] + ' KV'} "
+        f"{_kl(r['kl_nats'])}" for r in rows)
 
 
 def kv_quality_claim(result: dict) -> str:
@@ -297,113 +415,139 @@ def _model_line(result: dict) -> str:
     return f"{q.get('preset', '?')} ({q.get('recipe', '?')} recipe)"
 
 
+def _steps_model(result: dict) -> str:
+    steps = result.get("steps") or {}
+    cut = steps.get("layers") if (result.get("setup") or {}).get("layers") else None
+    return f"{steps.get('model', '?')}" + (f" ({cut} layers)" if cut else "")
+
+
 # ------------------------------------------------------------------ the panels
 
 MARKERS = "osD^vP*X"
 
 
-def _points(ax, rows: list[dict], x_key: str, fmt_key: str, x_scale: float, what: str
+def _quality_label(r: dict, name: str, x: float, what: str) -> str:
+    cost = f"KL {_kl(r['kl_nats'])} nats" if r.get("kl_nats") is not None else \
+        f"logit err {_pct(r.get('logit_error'))}"
+    return f"{name}: {num(x)} {what}\n{_signed(r.get('delta_bits_per_byte'))} bits/B, {cost}"
+
+
+def _points(ax, rows: list[dict], x_key: str, name_of, x_scale: float, what: str
             ) -> list[tuple]:
     """One marker per format at (x, bits per byte), described in full in the legend. Returns
     the labels to write beside them, (x, y, text), once the layout is final (formats that
     land on the same point share one)."""
     groups: dict = {}
     for i, r in enumerate(rows):
-        name = fmt_name(r[fmt_key])
+        name = name_of(r)
         x = r[x_key] / x_scale
-        ax.plot([x], [r["bits_per_byte"]], MARKERS[i % len(MARKERS)], ms=11 - 1.5 * i,
+        ax.plot([x], [r["bits_per_byte"]], MARKERS[i % len(MARKERS)], ms=11 - 1.2 * i,
                 color=_color(name, i), mec="black", mew=0.6, ls="",
-                label=f"{name}: {num(x)} {what}\n{_signed(r.get('delta_bits_per_byte'))} "
-                      f"bits/B, logit err {_pct(r.get('logit_error'))}")
+                label=_quality_label(r, name, x, what))
         groups.setdefault((x, round(r["bits_per_byte"], 9)), []).append(name)
     return [(x, y, " = ".join(names)) for (x, y), names in groups.items()]
 
 
 def _quality_panel(ax, kv_ax, result: dict) -> list[tuple]:
-    """Bits per byte against the bytes of each weight format, and of each KV format. Returns
-    each axes' point labels to place: [(axes, [(x, y, text)])]."""
+    """Bits per byte against the bytes of each weight (and activation) format, and of each KV
+    format. Returns each axes' point labels to place: [(axes, [(x, y, text)])]."""
     rows = _weight_rows(result)
     if not rows:
         _note(ax, "no quality results")
         _note(kv_ax, "")
         return []
     q = result.get("quality") or {}
-    labels = [(ax, _points(ax, rows, "weight_bytes", "weight_format", 1e6, "MB"))]
+    labels = [(ax, _points(ax, rows, "weight_bytes", qname, 1e6, "MB"))]
     ax.set_xlim(0, max(r["weight_bytes"] for r in rows) / 1e6 * 1.3)
     ys = [r["bits_per_byte"] for r in _quality(result)]
     pad = max(max(ys) - min(ys), 1e-3 * max(ys))
-    ax.set_ylim(min(ys) - 0.15 * pad, max(ys) + 1.0 * pad)  # room for the legends above
+    ax.set_ylim(min(ys) - 0.15 * pad, max(ys) + 1.3 * pad)  # room for the legends above
     ax.set_xlabel("weight bytes of the model (MB, as stored)")
     ax.set_ylabel(f"{q.get('metric', 'bits per byte')}")
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3f}"))
-    ax.legend(loc="upper right", fontsize=8, title="weights (KV float32)", title_fontsize=8.5)
-    ax.set_title(f"(a) quality: {_model_line(result)}\n"
-                 + quality_claim(result, True).replace("bits per byte vs float32 weights",
-                                                       "bits/B vs float32"),
-                 fontsize=11, loc="left")
+    ax.legend(loc="upper right", fontsize=7.5, title="weights (w8a8, w4a8: activations "
+              "int8)", title_fontsize=8)
+    ax.set_title(f"(a) quality: {_model_line(result)}\n{quality_claim(result, True)}",
+                 fontsize=10, loc="left")
     kv = _kv_quality_rows(result)
     kv_ax.tick_params(labelleft=False)
-    kv_ax.set_title("KV formats", fontsize=11)
     if not any(r.get("kv_format", "none") != "none" for r in kv):
         _note(kv_ax, "no quantized\nKV format")
         return labels
-    labels.append((kv_ax, _points(kv_ax, kv, "kv_bytes_per_token", "kv_format", 1, "B/token")))
+    labels.append((kv_ax, _points(kv_ax, kv, "kv_bytes_per_token",
+                                  lambda r: fmt_name(r.get("kv_format")), 1, "B/token")))
     kv_ax.set_xlim(0, max(r["kv_bytes_per_token"] for r in kv) * 1.4)
     kv_ax.set_xlabel("KV cache bytes per token")
-    kv_ax.legend(loc="upper right", fontsize=8, title="KV (weights float32)",
-                 title_fontsize=8.5)
+    kv_ax.legend(loc="upper right", fontsize=7.5, title="KV (weights float32)",
+                 title_fontsize=8)
     return labels
 
 
-def _steps_panel(ax, result: dict) -> None:
-    batches = decode_batches(result)
-    if not batches:
-        _note(ax, "no decode steps")
-        return
-    precisions = _unique(r["precision"] for b in batches for r in decode_rows(result, b))
-    x = np.arange(len(precisions))
-    width = 0.8 / len(batches)
-    bars = []  # (x, speedup, bytes ratio)
-    for j, b in enumerate(batches):
-        by = {r["precision"]: r for r in decode_rows(result, b)}
-        off = (j - (len(batches) - 1) / 2) * width
-        for i, p in enumerate(precisions):
-            r = by.get(p)
-            if r is None or r.get("speedup") is None:
-                continue
-            ax.bar(x[i] + off, r["speedup"], width * 0.9, color=PALETTE[j], edgecolor="black",
-                   lw=0.5)
-            br = bytes_ratio(result, r)
-            if br is not None:
-                ax.plot([x[i] + off], [br], "D", color="black", mfc="white", ms=7, mew=1.4)
-            bars.append((x[i] + off, r["speedup"], br))
-    ymax = max([1.0] + [v for _, s, br in bars for v in (s, br) if v is not None]) * 1.25
-    for xb, sp, br in bars:
-        y = sp
-        if br is not None and 0 <= br - sp < 0.07 * ymax:  # the marker sits on the bar top
-            y = br + 0.02 * ymax
-        ax.text(xb, y, f"{num(sp, 2)}x", ha="center", va="bottom", fontsize=9,
-                fontweight="bold")
-        if br is not None and abs(br - 1) > 1e-9 and br - sp >= 0.07 * ymax:
-            ax.text(xb, br + 0.02 * ymax, f"{num(br, 2)}x", ha="center", va="bottom",
-                    fontsize=8.5, color="0.3")
-    ax.axhline(1.0, color="0.3", lw=1.2)
-    ax.set_xticks(x, precisions)
-    ax.set_xlim(-0.6, len(precisions) - 0.4)
-    ax.set_ylim(0, ymax)
-    steps = result.get("steps") or {}
-    ax.set_xlabel(f"precision of weights (w8a8: activations int8 too)\ndecode step, model "
-                  f"{steps.get('model', '?')}, {decode_context(result)} cached tokens")
-    ax.set_ylabel("speedup over float32 (x)")
-    handles = [Patch(color=PALETTE[j], label=f"measured, batch {b}: float32 time / this time")
-               for j, b in enumerate(batches)]
-    handles += [Line2D([], [], ls="", marker="D", color="black", mfc="white", ms=7, mew=1.4,
-                       label="bytes ratio: float32 counted bytes / these\n"
-                             "(the speedup of a memory-bound step)"),
-                Line2D([], [], color="0.3", lw=1.2, label="1: as fast as float32")]
+def _follow_points(ax, result: dict) -> list[tuple]:
+    """Every quantized decode step as a point (bytes ratio, speedup), its rounds' range as an
+    error bar: filled on the native kernel, hollow on XLA. Returns the labels to place."""
+    labels = []
+    for path in paths(result):
+        for b in decode_batches(result):
+            for r in decode_rows(result, b, path):
+                br = bytes_ratio(result, r)
+                if r["precision"] == "float32" or br is None or r.get("speedup") is None:
+                    continue
+                color = _color(r["precision"])
+                spread = _spread(r)
+                yerr = None if spread is None else \
+                    [[max(0, r["speedup"] - spread[0])], [max(0, spread[1] - r["speedup"])]]
+                ax.errorbar([br], [r["speedup"]], yerr=yerr, fmt=BATCH_MARKERS.get(b, "D"),
+                            ms=9, color=color, mec=color if path == "native" else "black",
+                            mfc=color if path == "native" else "white", mew=1.6,
+                            elinewidth=1, capsize=3, ecolor=color)
+                tag = "" if b == 1 else f" b{b}"
+                labels.append((br, r["speedup"], f"{r['precision']}{tag} {num(r['speedup'], 2)}x"))
+    return labels
+
+
+def _follow_panel(ax, result: dict) -> list[tuple]:
+    """Measured speedup over float32 against the bytes ratio, log-log, with y = x: a step
+    that streams its bytes lies on the line. Returns the point labels to place."""
+    labels = _follow_points(ax, result)
+    if not labels:
+        _note(ax, "no quantized decode step measured")
+        return []
+    xs, ys = [x for x, _, _ in labels], [y for _, y, _ in labels]
+    lo, hi = min(min(ys), 1) / 1.8, max(max(ys), max(xs)) * 2.2
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    line = np.array([1, max(xs) * 1.4])
+    ax.plot(line, line, "--", color="black", lw=1.3, zorder=1)
+    ax.axhline(1.0, color="0.5", lw=1, zorder=1)
+    ax.set_xlim(0.85, max(xs) * 1.4)
+    ax.set_ylim(lo, hi)
+    plain_log(ax)
+    ax.set_xlabel(f"bytes ratio: float32's counted bytes / the format's\ndecode step, model "
+                  f"{_steps_model(result)}, {decode_context(result)} cached tokens")
+    ax.set_ylabel("measured speedup over float32 (x)")
+    handles = [Line2D([], [], ls="", marker="o", color="0.3", ms=8,
+                      label="filled: the native kernel")] if "native" in paths(result) else []
+    handles += [Line2D([], [], ls="", marker="o", color="0.3", mfc="white", mec="black", ms=8,
+                       label="hollow: XLA (no kernel for the format)")]
+    handles += [Line2D([], [], ls="", marker=m, color="0.3", mfc="none", ms=8,
+                       label=f"batch {b}") for b, m in BATCH_MARKERS.items()
+                if b in decode_batches(result)]
+    handles += [Line2D([], [], ls="--", color="black", lw=1.3,
+                       label="y = x: the step follows the bytes"),
+                Line2D([], [], color="0.5", lw=1, label="1: as fast as float32"),
+                Line2D([], [], color="0.3", lw=1, marker="_",
+                       label="bar: lowest to highest round")]
+    handles += [Line2D([], [], ls="", label=textwrap.shorten(
+        f"{s['path']} {s.get('precision') or ''} {s.get('phase') or ''} {s['reason']}", 60))
+        for s in skipped(result)]
     ax.legend(handles=handles, loc="upper left", fontsize=8.5)
-    ax.set_title("(b) " + "\n".join(step_claim(result, b, short=True) for b in batches),
-                 fontsize=11, loc="left")
+    claims = [follow_claim(result, b, short=True) for b in decode_batches(result)]
+    if len(claims) == 1:
+        claims.append("y = x: the step follows the bytes")
+    ax.set_title(f"(b) decode step, {claims[0]}\n" + "; ".join(claims[1:]), fontsize=10,
+                 loc="left")
+    return labels
 
 
 def _memory_roof(result: dict) -> tuple[float, str] | None:
@@ -413,6 +557,8 @@ def _memory_roof(result: dict) -> tuple[float, str] | None:
     roof = (result.get("steps") or {}).get("memory_roof")
     return (roof, "memory roof of the step predictions") if roof else None
 
+
+# ------------------------------------------------------------------ the formulations
 
 def _formulation_panel(ax, result: dict) -> None:
     fs = _forms(result)
@@ -466,8 +612,7 @@ def _formulation_panel(ax, result: dict) -> None:
                               label=f"{roof[1]}: {fmt_si(roof[0], 'B/s')}"))
     ax.legend(handles=handles, loc="lower right", fontsize=8.5)
     claims = "\n".join(formulation_claim(result, m) for m in row_counts)
-    ax.set_title(f"(c) formulations of x @ W (bytes become speed only when the kernel streams "
-                 f"them)\n{claims}".replace(")\n", "): ", 1), fontsize=11, loc="left")
+    ax.set_title(f"(c) XLA's formulations of x @ W, {claims}", fontsize=11, loc="left")
 
 
 def _form_format(fs: list[dict], name: str) -> str:
@@ -475,10 +620,9 @@ def _form_format(fs: list[dict], name: str) -> str:
 
 
 def suptitle(result: dict) -> str:
-    steps = result.get("steps") or {}
     f = result.get("formulations") or {}
     return (f"Quantization on {machine_name(result.get('environment'))}: `{COMMAND}`\n"
-            f"steps: model {steps.get('model', '?')}; quality: {_model_line(result)}; "
+            f"steps: model {_steps_model(result)}; quality: {_model_line(result)}; "
             f"formulations: [{f.get('k', '?')}, {f.get('n', '?')}] weight")
 
 
@@ -486,19 +630,32 @@ def suptitle(result: dict) -> str:
 def quant_figure(result: dict):
     fig, _ = new_figure(18, 13)
     fig.clear()
-    grid = fig.add_gridspec(2, 3, width_ratios=[2.0, 1.1, 2.8], height_ratios=[1.1, 1.0])
+    grid = fig.add_gridspec(2, 3, width_ratios=[2.0, 1.1, 2.8], height_ratios=[1.15, 1.0])
     ax_q = fig.add_subplot(grid[0, 0])
     ax_kv = fig.add_subplot(grid[0, 1], sharey=ax_q)
     ax_s = fig.add_subplot(grid[0, 2])
     ax_f = fig.add_subplot(grid[1, :])
     labels = _quality_panel(ax_q, ax_kv, result)
-    _steps_panel(ax_s, result)
+    labels.append((ax_s, _follow_panel(ax_s, result)))
     _formulation_panel(ax_f, result)
     fig.suptitle(suptitle(result), fontsize=14)
     fig.supxlabel(made_by(result.get("environment")), fontsize=9, ha="left", x=0.01,
                   color="0.3")
     for ax, points in labels:
-        place_labels(ax, points, fontsize=10)
+        if points:
+            place_labels(ax, points, fontsize=9 if ax is ax_s else 10)
+    return fig
+
+
+@styled
+def follow_figure(result: dict):
+    """Panel (b) alone: the decode steps' speedup against their bytes ratio (a notebook's)."""
+    fig, ax = new_figure(10, 6.5)
+    labels = _follow_panel(ax, result)
+    fig.supxlabel(made_by(result.get("environment")), fontsize=9, ha="left", x=0.01,
+                  color="0.3")
+    if labels:
+        place_labels(ax, labels, fontsize=9)
     return fig
 
 
@@ -510,38 +667,41 @@ def draw_quant(result: dict, out_dir: str | Path) -> list[Path]:
 
 # ------------------------------------------------------------------ the summary
 
-def quant_summary(result: dict) -> str:
+def _formulation_lines(result: dict) -> list[str]:
     f = result.get("formulations") or {}
-    steps = result.get("steps") or {}
-    q = result.get("quality") or {}
-    lines = [f"# quantization on {machine_name(result.get('environment'))}", "",
-             f"`{COMMAND}`: speedup = float32 time / this time, the median of the ratios of "
-             f"interleaved rounds; bytes ratio = float32's counted bytes / these counted bytes "
-             f"(the speedup a memory-bound step would get).", "",
-             f"## formulations: x @ W, W [K, N] = [{f.get('k', '?')}, {f.get('n', '?')}]", ""]
+    lines = [f"## formulations: x @ W, W [K, N] = [{f.get('k', '?')}, {f.get('n', '?')}]", ""]
     row_counts = sorted({r["rows"] for r in _forms(result)})
     lines += [f"{formulation_claim(result, m)}." for m in row_counts] or ["none measured."]
-    lines += [""]
-    lines += md_table(["formulation", "format", "rows", "refmodel uses", "stored MB", "ms",
-                     "GB/s", "speedup"],
-                    [[r["name"], r["format"], r["rows"], "yes" if r.get("used") else "no",
-                      _mb(r.get("stored_bytes")), _ms(r.get("seconds")),
-                      num(r["bytes_per_s"] / 1e9), times(r.get("speedup"))]
-                     for r in _forms(result)])
-    lines += ["", f"## steps: model {steps.get('model', '?')}", ""]
-    lines += [f"{step_claim(result, b)}." for b in decode_batches(result)]
+    return lines + [""] + md_table(
+        ["formulation", "format", "rows", "refmodel uses", "stored MB", "ms", "GB/s", "speedup"],
+        [[r["name"], r["format"], r["rows"], "yes" if r.get("used") else "no",
+          _mb(r.get("stored_bytes")), _ms(r.get("seconds")), num(r["bytes_per_s"] / 1e9),
+          times(r.get("speedup"))] for r in _forms(result)])
+
+
+def _step_lines(result: dict) -> list[str]:
+    rows = _steps(result)
+    lines = ["", f"## steps: model {_steps_model(result)}", ""]
+    lines += [f"{follow_claim(result, b)}." for b in decode_batches(result)]
+    lines += [f"{step_claim(result, b, p)}." for b in decode_batches(result)
+              for p in paths(result)]
+    lines += [f"Skipped: {s['path']} {s.get('precision') or '(every precision)'}"
+              f"{' ' + s['phase'] if s.get('phase') else ''}: {s['reason']}."
+              for s in skipped(result)]
     lines += [f"{kv_claim(result)}."]
     cause = kv_cause(result)
     if cause:
         lines += [f"Why, measured: {cause}."]
-    rows = _steps(result)
     predicted = any(r.get("measured_over_predicted") is not None for r in rows)
-    header = ["precision", "phase", "batch", "context", "KV", "ms", "speedup", "bytes ratio",
-              "counted MB", "GB/s"] + (["measured / predicted"] if predicted else [])
+    header = ["path", "precision", "phase", "batch", "context", "KV", "ms", "speedup",
+              "rounds' range", "bytes ratio", "counted MB", "GB/s"] + \
+        (["measured / predicted"] if predicted else [])
     table = []
     for r in rows:
-        row = [r["precision"], r["phase"], r["batch"], r["context"],
+        spread = _spread(r)
+        row = [path_of(r), r["precision"], r["phase"], r["batch"], r["context"],
                fmt_name(r.get("kv_format")), _ms(r.get("seconds")), times(r.get("speedup")),
+               "n/a" if spread is None else f"{num(spread[0], 2)}-{num(spread[1], 2)}x",
                times(bytes_ratio(result, r)), _mb(r.get("bytes")),
                num(r["bytes_per_s"] / 1e9) if r.get("bytes_per_s") else "n/a"]
         if predicted:
@@ -549,18 +709,33 @@ def quant_summary(result: dict) -> str:
         table.append(row)
     lines += [""] + md_table(header, table)
     roof = _memory_roof(result)
-    lines += ["", "memory roof: " + (f"{fmt_si(roof[0], 'B/s')} ({roof[1]}); measured / "
-                                     f"predicted = (counted bytes / roof) / measured time"
-                                     if roof else "none recorded (no prediction)")]
-    lines += ["", f"## quality: {_model_line(result)}, {q.get('metric', '?')}", "",
-              f"{quality_claim(result)}.", f"{kv_quality_claim(result)}.", ""]
-    lines += md_table(["weights", "KV", "bits/byte", "delta", "logit error", "weight MB",
-                     "KV bytes/token"],
-                    [[fmt_name(r.get("weight_format")), fmt_name(r.get("kv_format")),
-                      f"{r['bits_per_byte']:.4f}", _signed(r.get("delta_bits_per_byte")),
-                      _pct(r.get("logit_error")), _mb(r.get("weight_bytes")),
-                      num(r.get("kv_bytes_per_token"))]
-                     for r in _quality(result)])
+    return lines + ["", "memory roof: " + (f"{fmt_si(roof[0], 'B/s')} ({roof[1]}); measured / "
+                                           f"predicted = (counted bytes / roof) / measured time"
+                                           if roof else "none recorded (no prediction)")]
+
+
+def _quality_lines(result: dict) -> list[str]:
+    q = result.get("quality") or {}
+    lines = ["", f"## quality: {_model_line(result)}, {q.get('metric', '?')}", "",
+             f"{quality_claim(result)}.", f"{kl_claim(result)}.", f"{kv_quality_claim(result)}."]
+    lines += [f"Skipped: {r.get('precision')}, KV {fmt_name(r.get('kv_format'))}: "
+              f"{r['skipped']}." for r in q.get("results") or [] if r.get("skipped")]
+    return lines + [""] + md_table(
+        ["weights", "activations", "KV", "bits/byte", "delta", "KL (nats)", "logit error",
+         "weight MB", "KV bytes/token"],
+        [[qname(r), r.get("activations", "float32"), fmt_name(r.get("kv_format")),
+          f"{r['bits_per_byte']:.4f}", _signed(r.get("delta_bits_per_byte")),
+          _kl(r.get("kl_nats")), _pct(r.get("logit_error")), _mb(r.get("weight_bytes")),
+          num(r.get("kv_bytes_per_token"))] for r in _quality(result)])
+
+
+def quant_summary(result: dict) -> str:
+    lines = [f"# quantization on {machine_name(result.get('environment'))}", "",
+             f"`{COMMAND}`: speedup = float32 time / this time on the same path (the native "
+             f"kernel, or XLA), the median of the ratios of interleaved rounds; bytes ratio = "
+             f"float32's counted bytes / these counted bytes (the speedup of a memory-bound "
+             f"step that streams its bytes).", ""]
+    lines += _formulation_lines(result) + _step_lines(result) + _quality_lines(result)
     lines += wall_time(result)
     return "\n".join(lines)
 

@@ -50,11 +50,33 @@ def _phases(d: dict) -> str:
 
 
 def _decode(d: dict) -> str:
+    if d.get("pairs"):
+        return _decode_formats(d)
     one = {r["program"]: r for r in d["table"] if r["batch"] == 1}
     best = max(one.values(), key=lambda r: r.get("over_llama.cpp") or 0)
     return (f"batch-1 decode of llama-309m: {best['program']} at "
             f"{best['over_llama.cpp']:.2f}x llama.cpp's speed and {best['over_read']:.2f} of "
             f"the C read; xla at {one['xla']['over_llama.cpp']:.2f}x")
+
+
+def _decode_formats(d: dict) -> str:
+    """Each like-for-like pair's batch-1 ratio with both sides' bits per weight, our weights'
+    share of the C read, and the KL from float32 on held-out text where it was measured."""
+    pairs = [r for r in d["pairs"] if r["target"]]
+    bpw = {name: f["matrix_bpw"] for name, f in d["formats"].items()}
+    ratios = ", ".join(
+        f"{r['pair'].split(' vs ')[0]} {r['speed']:.2f}x {r['pair'].split(' vs ')[1]} "
+        f"({bpw[r['ours']]:.2f} vs {bpw[r['theirs']]:.2f} bits/weight)" for r in pairs)
+    reads = ", ".join(f"{r['ours_of_read']:.2f}" for r in pairs)
+    text = (f"batch-1 decode of {d['model']} against llama.cpp's same format: {ratios}; our "
+            f"weights streamed at {reads} of the C read")
+    q = d.get("quality") or {}
+    kl = {r["program"]: r["kl_mean"] for r in q.get("rows", [])}
+    held = [f"{r['pair'].split(' vs ')[0]} {kl[r['ours']]:.1e} vs {kl[r['theirs']]:.1e}"
+            for r in pairs if r["ours"] in kl and r["theirs"] in kl and bpw[r["ours"]] < 32]
+    if held:
+        text += f"; KL from float32 on held-out text ({q['recipe']}): {', '.join(held)}"
+    return text
 
 
 def _serve(d: dict) -> str:
@@ -90,9 +112,9 @@ def _speculative(d: dict) -> str:
 
 
 def _quant(d: dict) -> str:
-    from microbench.plots.quant import step_claim
+    from microbench.plots.quant import readme_claim
 
-    return f"{step_claim(d, 1)} (decode step of the `{d['steps']['model']}` preset)"
+    return readme_claim(d)
 
 
 def _collectives(d: dict) -> str:

@@ -10,5 +10,9 @@ what it measures and why.
     parallel.py     tensor and expert parallelism on paper, from the cost model
     collectives.py  collective bandwidth against message size on this machine's devices
     decode.py       the decode race: our step against the C read, llama.cpp, transformers
+    decode_formats.py  the decode race's formats: ours and llama.cpp's, bits per weight, pairs
+    decode_peers.py    the decode race's peers: llama.cpp per format, transformers, greedy pairs
+    decode_quality.py  each format's KL from float32 on held-out text, greedy agreement
     llamacpp.py     llama.cpp as a decode peer: our weights in a GGUF, served by it
+    host.py         the public API's host cost: decode_step against the jitted step it runs
 """

@@ -5,19 +5,29 @@ Each round runs back to back: the all-core C read (microbench.roofs.native: what
 does), numpy's GEMM (what the FMA units do), our decode step at each batch with XLA's products
 on the weights as written (`backend="xla"`), on weights stored output-major
 (`"output-major"`), with the native kernel on weights stored in its panels (`"native"`,
-refmodel.kernels) and on the same weights quantized to int8 (`"native-int8"`: its own roof, no
-peer ratio), the same weights in llama.cpp (a GGUF written from our model,
-microbench.studies.llamacpp) and in Hugging Face transformers when installed (the `peers`
-extra), then the C read again. The machine drifts
-by tens of percent over minutes (the README's method section), so every comparison is a ratio
-taken inside one round, and the median over rounds is reported with its spread.
+refmodel.kernels), and the same weights quantized in the native kernel: int8 weights alone
+(`"native-int8"`, weight-only), int8 and int4 weights with int8 activations (`"w8a8"`,
+`"w4a8"`: microbench.studies.decode_formats); a prefill of `prefill_len` tokens in w8a8 and in
+float32 (where the CPU has an int8 dot-product instruction); then the same weights in llama.cpp,
+in F32 and in its own Q8_0, Q4_0 and Q4_K_M files (a GGUF written from our model and quantized
+by llama.cpp itself, microbench.studies.llamacpp), and in Hugging Face transformers when
+installed (the `peers` extra: microbench.studies.decode_peers); then the C read again. The
+machine drifts by tens of percent over minutes (the README's method section), so every
+comparison is a ratio taken inside one round, and the median over rounds is reported with its
+spread and its rounds.
+
+After the rounds: greedy tokens of each pair of formats from one prompt (their agreement),
+the quality of each format on held-out text of a trained model (KL divergence from our float32
+model: microbench.studies.decode_quality), and the public `refmodel.decode_step` beside the raw
+jitted step (microbench.studies.host).
 
 The roof of a decode step at batch B is the slower of its two limits, counted by the cost model
 for the same step: bytes / read bandwidth (the weights, the KV cache, the activations) and
 FLOPs / GEMM rate. `roof_fraction` = that time / the measured step time (1.0: at the roof).
 
 Targets (TARGETS, reported, never asserted in tests): batch 1 >= 1.0x llama.cpp and >= 0.9 of
-the C read; batches 2-8 >= 0.8 of their roof.
+the C read; batches 2-8 >= 0.8 of their roof; w8a8 >= 1.0x Q8_0 and w4a8 >= 1.0x Q4_0, each
+streaming its weights at >= 0.85 of the C read; a w8a8 prefill >= 1.5x the float32 one.
 """
 
 from __future__ import annotations
@@ -30,12 +40,20 @@ from pathlib import Path
 
 import numpy as np
 
-TARGETS = {"vs_llamacpp": 1.0, "vs_read": 0.9, "small_batch_roof": 0.8}
-# our weight products (ModelConfig.backend); "native-int8": the same weights quantized to int8
-# (refmodel.quant, one scale per output) in the native kernel: a quarter of the bytes, its own
-# roof, and no peer ratio (the peers run the float32 weights)
-PROGRAMS = ("xla", "output-major", "native", "native-int8")
+from microbench.studies.decode_formats import OURS, THEIRS, our_model, pair_rows, short
+from microbench.studies.decode_peers import Peers, race_greedy
+from microbench.studies.decode_quality import measure_quality
+
+TARGETS = {"vs_llamacpp": 1.0, "vs_read": 0.9, "small_batch_roof": 0.8, "int8_vs_q8_0": 1.0,
+           "int4_vs_q4_0": 1.0, "quant_vs_read": 0.85, "w8a8_prefill": 1.5}
+# our programs: the float32 weight products (ModelConfig.backend), then the quantized ones
+# (decode_formats.OURS), each with its own roof; the float ones are set against llama.cpp's F32
+# and transformers, the quantized ones against llama.cpp's formats (decode_formats.PAIRS)
+PROGRAMS = ("xla", "output-major", "native", "native-int8", "w8a8", "w4a8")
 FLOAT_PROGRAMS = PROGRAMS[:3]
+FLOAT_PEERS = ("llama.cpp", "transformers")
+NO_INT8_DOT = "skipped: no VNNI/i8mm"
+PREFILL = ("native", "w8a8")  # the prefill race: float32 against int8 weights and activations
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,12 +67,21 @@ class Setup:
     peers: bool = True
     gemm: tuple[int, int, int] = (2048, 2048, 2048)
     product_rows: tuple[int, ...] = (16,)  # rows at which the products alone are also timed
+    prefill_len: int = 512  # tokens of the w8a8 vs float32 prefill (batch 1)
+    agree_tokens: int = 32  # greedy tokens compared per pair of formats
+    quality_model: str = "target"  # a recipe of refmodel.training: KL on its held-out text
+    quality_windows: int = 4
+    quality_len: int = 256  # tokens per held-out window
+    public: bool = True  # the public decode_step beside the raw one (microbench.studies.host)
 
     def check(self) -> None:
         import refmodel
+        from refmodel.training import recipes
 
         refmodel.presets.get(self.model)  # an unknown preset names the valid ones
-        for name in ("context", "rounds", "peer_steps"):
+        recipes.get(self.quality_model)  # an unknown recipe names the valid ones
+        for name in ("context", "rounds", "peer_steps", "prefill_len", "agree_tokens",
+                     "quality_windows", "quality_len"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a positive integer")
         if not self.batches or any(not isinstance(b, int) or b < 1 for b in self.batches):
@@ -64,7 +91,8 @@ class Setup:
 
 
 QUICK = Setup(model="bench", context=64, batches=(1, 4), rounds=2, budget_s=0.3, peer_steps=8,
-              peers=False, gemm=(1024, 1024, 1024), product_rows=())
+              peers=False, gemm=(1024, 1024, 1024), product_rows=(), prefill_len=64,
+              agree_tokens=8, quality_model="micro", quality_windows=1, quality_len=64)
 
 
 def _read_bytes_per_s(server) -> float:
@@ -95,25 +123,32 @@ def _fit(x, n: int):
 
 
 class _Ours:
-    """One model per program, compiled once per batch; re-timed every round."""
+    """One model per program, compiled once per batch; re-timed every round. `backends`: the
+    backend each program runs on; `bits`: bits per weight of each program's format
+    (decode_formats.our_bits); a program that cannot be made is left out, its reason in
+    `skipped`."""
 
-    def __init__(self, setup: Setup, programs: tuple[str, ...]):
+    def __init__(self, setup: Setup, programs: tuple[str, ...], skipped: list):
         import refmodel
         from refmodel import backends
 
         cfg = refmodel.presets.get(setup.model)
         base = refmodel.init(cfg, seed=0)
         self.model = base
-        models = {"xla": base}
+        self.models, self.backends, self.bits = {"xla": base}, {"xla": "xla"}, {}
         for p in programs[1:]:
-            if p == "native-int8":
-                from refmodel import quant
-
-                models[p] = backends.use(quant.quantize(base, weights="int8"), "native")
-            else:
-                models[p] = backends.use(base, p)
-        self.models = models
-        self.phases = {p: refmodel.Phases(m) for p, m in models.items()}
+            if p not in OURS:
+                self.models[p], self.backends[p] = backends.use(base, p), p
+                continue
+            try:
+                self.models[p], self.backends[p], note, self.bits[p] = our_model(base, p)
+            except (ValueError, RuntimeError) as e:  # a format not made, or no native kernels
+                skipped.append(f"{p}: {short(e)}")
+                continue
+            if note:
+                skipped.append(note)
+        self.programs = tuple(p for p in programs if p in self.models)
+        self.phases = {p: refmodel.Phases(m) for p, m in self.models.items()}
         self.setup = setup
         self._chains = {}
 
@@ -159,93 +194,109 @@ class _Ours:
         del forms
         return out
 
-    def measure(self, program: str, batch: int) -> dict:
+    def measure(self, program: str, batch: int, phase: str = "decode") -> dict:
+        """One timed point: a decode step at `batch` (context `setup.context`), or a prefill
+        of `setup.prefill_len` tokens (batch 1)."""
         from microbench.phases.points import Budget, measure_point
 
         s = self.setup
-        p = measure_point(self.phases[program], "decode", batch, s.context, None,
-                          Budget(budget_s=s.budget_s))
+        tokens = s.context if phase == "decode" else s.prefill_len
+        p = measure_point(self.phases[program], phase, batch, tokens, None,
+                          Budget(budget_s=s.budget_s, min_samples=3 if phase == "prefill" else 5))
         return {"program": program, "batch": batch, "step_s": p["timing"]["median"],
                 "samples": p["timing"]["samples"], "flops": p["flops"], "bytes": p["bytes"],
-                "kernels": p["kernels"]}
+                "weight_bytes": p["weight_bytes"], "kernels": p["kernels"]}
 
 
 def measure(setup: Setup, progress=lambda what: None) -> dict:
-    """Every round of the race; returns the result dict (`summarize` adds the ratios)."""
-    import refmodel
+    """Every round of the race, then the pairs' greedy tokens, each format's quality and the
+    public step; returns the result dict (`summarize` adds the ratios)."""
     from microbench.roofs import native
     from microbench.roofs.rounds import NumpyPeer
     from refmodel import kernels
 
     setup.check()
     skipped = []
-    programs = PROGRAMS if kernels.available() else PROGRAMS[:2]
+    programs = PROGRAMS if kernels.available() else ("xla", "output-major", "w8a8", "w4a8")
     if "native" not in programs:
         skipped.append(f"native kernels: {kernels.why_not()}")
     if not native.available():
         raise ValueError("the decode race needs the C read peer, built with gcc (not found): "
                          "the memory roof every ratio divides by is what it measures")
     reader = native.Server(main_array_floats(), None)
+    read_program = f"C read ({native.label(reader_threads(reader))})"
     numpy_peer = NumpyPeer(setup.gemm, 1 << 20)
     progress("compiling our decode steps")
-    ours = _Ours(setup, programs)
-    cfg = ours.model.cfg
+    ours = _Ours(setup, programs, skipped)
+    prefill_why = _prefill_why(ours)
+    peers = Peers()
     gguf_dir = Path(tempfile.mkdtemp(prefix="decode_race_"))
-    llama, hf = _peers(ours.model, setup, gguf_dir, skipped) if setup.peers else (None, False)
     rounds = []
     try:
+        if setup.peers:
+            peers.start(ours.model, setup, gguf_dir, skipped, progress)
         for i in range(setup.rounds):
-            rounds.append(_round(i, setup, programs, ours, reader, numpy_peer, progress))
-            hf = _peer_steps(rounds[-1], i, setup, cfg, llama, hf, skipped, progress)
+            rounds.append(_round(i, setup, ours, reader, numpy_peer, prefill_why is None,
+                                 progress))
+            peers.steps(rounds[-1], i, setup, ours.model.cfg, skipped, progress)
             progress(f"round {i + 1}: C read")
             rounds[-1]["read_bytes_per_s"].append(_read_bytes_per_s(reader))
             rounds[-1]["t_end"] = time.time()
-        greedy = _greedy_check(ours.model, llama) if llama is not None else None
+        greedy = race_greedy(ours, peers.servers, setup, progress) if peers.servers else []
     finally:
         reader.close()
         numpy_peer.close()
-        if llama is not None:
-            llama.close()
-        shutil.rmtree(gguf_dir, ignore_errors=True)  # the GGUF: the model's size again
-    return summarize({
+        peers.close()
+        shutil.rmtree(gguf_dir, ignore_errors=True)  # the GGUFs: the model's size again
+    result = _result(setup, ours, peers, rounds, greedy, prefill_why, skipped)
+    result["read_program"] = read_program
+    result["quality"] = measure_quality(setup, skipped, progress)
+    result["public_step"] = _public_step(setup, skipped, progress)
+    result["skipped"] = sorted(set(skipped))
+    return summarize(result)
+
+
+def _result(setup: Setup, ours: _Ours, peers, rounds: list, greedy: list,
+            prefill_why: str | None, skipped: list) -> dict:
+    import refmodel
+
+    cfg = ours.model.cfg
+    formats = {p: {"side": "ours", "format": OURS[p][2], "backend": ours.backends[p], **bits}
+               for p, bits in ours.bits.items()}
+    formats |= {peer: {"side": "llama.cpp", "format": THEIRS[peer] or "F32",
+                       **{k: v for k, v in f.items() if k != "path"}}
+                for peer, f in peers.files.items() if peer in peers.servers}
+    first = next(iter(peers.servers.values()), None)
+    return {
         "setup": dataclasses.asdict(setup), "model": cfg.name,
-        "params": refmodel.costs.param_counts(cfg)["total"], "programs": list(programs),
-        "llamacpp": ({"version": llama.version, "threads": llama.threads,
-                      "system": llama.system} if llama is not None else None),
-        "greedy_vs_llamacpp": greedy,
-        "rounds": rounds, "skipped": sorted(set(skipped)), "targets": TARGETS,
-        "read_program": f"C read ({native.label(reader_threads(reader))})",
+        "params": refmodel.costs.param_counts(cfg)["total"], "programs": list(ours.programs),
+        "backends": ours.backends, "formats": formats,
+        "llamacpp": ({"version": first.version, "threads": first.threads,
+                      "system": first.system} if first is not None else None),
+        "greedy": greedy, "prefill_skipped": prefill_why,
+        "rounds": rounds, "skipped": skipped, "targets": TARGETS,
         "gemm_program": f"numpy matmul {'x'.join(map(str, setup.gemm))}",
-    })
+    }
 
 
-def _peers(model, setup: Setup, gguf_dir: Path, skipped: list) -> tuple:
-    """(llama.cpp's server or None, whether transformers runs), each absent one's reason
-    appended to `skipped`."""
-    llama, why = _llama_server(model, setup, gguf_dir)
-    if why:
-        skipped.append(why)
-    if not report_peer_available():
-        skipped.append("transformers: not installed (pip install -e '.[peers]')")
-        return llama, False
-    return llama, True
-
-
-def _round(i: int, setup: Setup, programs: tuple, ours: _Ours, reader, numpy_peer,
+def _round(i: int, setup: Setup, ours: _Ours, reader, numpy_peer, prefill: bool,
            progress) -> dict:
     """Round i up to its peers: the C read and numpy's GEMM, then our step per program and
-    batch, then the weight products alone."""
+    batch, the w8a8 and float32 prefills (`prefill`), then the weight products alone."""
     entry = {"round": i, "t_start": time.time(), "read_bytes_per_s": [], "points": [],
-             "peers": []}
+             "peers": [], "prefill": []}
     progress(f"round {i + 1}: C read and numpy GEMM")
     entry["read_bytes_per_s"].append(_read_bytes_per_s(reader))
     g = numpy_peer.measure()
     m, k, n = setup.gemm
     entry["gemm_flops_per_s"] = 2.0 * m * k * n / float(np.median(g["gemm"]))
-    for program in programs:
+    for program in ours.programs:
         for b in setup.batches:
             progress(f"round {i + 1}: ours ({program}) batch {b}")
             entry["points"].append(ours.measure(program, b))
+    for program in (PREFILL if i % 2 == 0 else PREFILL[::-1]) if prefill else ():  # alternate
+        progress(f"round {i + 1}: prefill of {setup.prefill_len} tokens, {program}")
+        entry["prefill"].append(ours.measure(program, 1, "prefill"))
     entry["products"] = []
     for rows in sorted({*setup.batches, *setup.product_rows}):
         progress(f"round {i + 1}: the products alone, {rows} rows")
@@ -253,27 +304,47 @@ def _round(i: int, setup: Setup, programs: tuple, ours: _Ours, reader, numpy_pee
     return entry
 
 
-def _peer_steps(entry: dict, i: int, setup: Setup, cfg, llama, hf: bool, skipped: list,
-                progress) -> bool:
-    """The peers' batch-1 steps of round i into entry["peers"]; returns whether transformers
-    still runs (once it fails, its reason is in `skipped` and it is not asked again)."""
-    from microbench.phases import report
+def _prefill_why(ours: _Ours) -> str | None:
+    """Why the w8a8 prefill is not timed (NO_INT8_DOT where the CPU has no int8 dot-product
+    instruction: the integer path would time the fallback, not the instruction), or None."""
+    from refmodel import kernels
 
-    if llama is not None:
-        progress(f"round {i + 1}: llama.cpp")
-        r = llama.round(setup.peer_steps)
-        entry["peers"].append({"program": "llama.cpp", "batch": 1, **r})
-    if not hf:
-        return False
-    progress(f"round {i + 1}: transformers")
-    r = report.hf_peer(cfg, setup.context, steps=setup.peer_steps)
-    if not r.get("step_s"):
-        skipped.append(f"transformers: {r.get('error')}")
-        return False
-    entry["peers"].append({"program": "transformers", "batch": 1, "step_s": r["step_s"],
-                           "samples": r["samples"], "torch": r.get("torch"),
-                           "threads": r.get("threads")})
-    return True
+    if "native" not in ours.backends:
+        return "skipped: the native kernels cannot run here"
+    int8_dot = getattr(kernels, "int8_dot", None)
+    if int8_dot is None:
+        return "skipped: refmodel.kernels.int8_dot is missing (which instruction would run?)"
+    if int8_dot() is None:
+        return NO_INT8_DOT
+    if ours.backends.get("w8a8") != "native":
+        return "skipped: w8a8 does not run on the native kernel here"
+    return None
+
+
+# The public step's host cost is resolvable only where the step itself is short: the tiny
+# preset (a fraction of a millisecond), then beside the race's own model.
+PUBLIC_MODELS = (("tiny", 64),)
+
+
+def _public_step(setup: Setup, skipped: list, progress) -> list | None:
+    """The public refmodel.decode_step beside the raw jitted step it runs
+    (microbench.studies.host.public_overhead), on the tiny preset and on the race's model and
+    context, or None with the reason skipped."""
+    if not setup.public:
+        return None
+    try:
+        from microbench.studies.host import public_overhead
+    except ImportError as e:
+        skipped.append(f"public step: microbench.studies.host.public_overhead is missing ({e})")
+        return None
+    progress("the public decode_step beside the raw one")
+    out = []
+    for model, context in dict.fromkeys((*PUBLIC_MODELS, (setup.model, setup.context))):
+        r = public_overhead(model=model, context=context)
+        keys = ("raw_s", "public_s", "overhead_s", "call_overhead_s")
+        out.append({"model": model, "context": context, **{k: r[k] for k in keys},
+                    "rounds": [{k: x[k] for k in keys} for x in r["rounds"]]})
+    return out
 
 
 def main_array_floats() -> int:
@@ -291,34 +362,6 @@ def reader_threads(server) -> int | None:
     return getattr(server, "threads", None)
 
 
-def report_peer_available() -> bool:
-    import importlib.util
-
-    return all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
-
-
-def _llama_server(model, setup: Setup, folder: Path):
-    from microbench.studies import llamacpp
-
-    why = llamacpp.available()
-    if why:
-        return None, f"llama.cpp: {why}"
-    path = folder / f"{setup.model}-f32.gguf"
-    llamacpp.gguf_from_model(model, path)
-    return llamacpp.Server(path, setup.context), None
-
-
-def _greedy_check(model, llama, prompt_len: int = 16, new: int = 8) -> dict:
-    """llama.cpp's greedy continuation of one prompt against refmodel.generate's."""
-    import refmodel
-
-    prompt = np.random.default_rng(0).integers(0, model.cfg.vocab_size, (1, prompt_len))
-    ours = np.asarray(refmodel.generate(model, prompt, new))[0, prompt_len:].tolist()
-    theirs = llama.greedy(prompt[0].tolist(), new)
-    return {"prompt_len": prompt_len, "ours": ours, "llama.cpp": theirs,
-            "equal": ours == list(theirs)}
-
-
 def _median(xs) -> float | None:
     xs = [x for x in xs if x is not None]
     return float(np.median(xs)) if xs else None
@@ -331,17 +374,32 @@ def _spread(xs) -> float | None:
 
 def summarize(result: dict) -> dict:
     """Per round: each of our points' roof time, roof fraction, bytes/s over the round's read
-    and speed over each peer's; then, per (program, batch), the medians over rounds."""
+    and speed over each float peer's; then, per (program, batch), the medians over rounds; per
+    pair of formats, ours' speed over llama.cpp's (decode_formats.pair_rows); the prefill's."""
     for r in result["rounds"]:
         read, gemm = max(r["read_bytes_per_s"]), r["gemm_flops_per_s"]
-        peers = {p["program"]: p["step_s"] for p in r["peers"]}
+        peers = {p["program"]: p["step_s"] for p in r["peers"] if p["program"] in FLOAT_PEERS}
         for p in r["points"]:
             p["roof_s"] = max(p["bytes"] / read, p["flops"] / gemm)
             p["bound"] = "memory" if p["bytes"] / read >= p["flops"] / gemm else "compute"
             p["roof_fraction"] = p["roof_s"] / p["step_s"]
             p["over_read"] = p["bytes"] / p["step_s"] / read
+            if "weight_bytes" in p:  # the weights alone: what a quantized format shrinks
+                p["weights_over_read"] = p["weight_bytes"] / p["step_s"] / read
             p["speed_over"] = ({name: s / p["step_s"] for name, s in peers.items()}
                                if p["batch"] == 1 and p["program"] in FLOAT_PROGRAMS else {})
+    reads = [max(r["read_bytes_per_s"]) for r in result["rounds"]]
+    result["table"] = _table(result)
+    result["peer_table"] = _peer_table(result)
+    result["products"] = _products(result)
+    result["pairs"] = pair_rows(result)
+    result["prefill"] = _prefill_table(result)
+    result["read"] = {"median": _median(reads), "spread": _spread(reads), "rounds": reads}
+    return result
+
+
+def _table(result: dict) -> list[dict]:
+    """Per (program, batch): the medians over rounds, and the per-round float peer ratios."""
     table = []
     for program in result["programs"]:
         for b in result["setup"]["batches"]:
@@ -353,15 +411,30 @@ def summarize(result: dict) -> dict:
                    "roof_s": _median(p["roof_s"] for p in pts),
                    "bound": pts[0]["bound"] if pts else None,
                    "roof_fraction": _median(p["roof_fraction"] for p in pts),
-                   "over_read": _median(p["over_read"] for p in pts)}
+                   "over_read": _median(p["over_read"] for p in pts),
+                   "weights_over_read": _median(p.get("weights_over_read") for p in pts)}
             for peer in sorted({k for p in pts for k in p["speed_over"]}):
                 row[f"over_{peer}"] = _median(p["speed_over"].get(peer) for p in pts)
                 row[f"over_{peer}_rounds"] = [p["speed_over"].get(peer) for p in pts]
             table.append(row)
+    return table
+
+
+def _peer_table(result: dict) -> dict:
+    """Per peer: its median step and spread over rounds, and (llama.cpp) its weight bytes per
+    step over the round's C read."""
     peers = {}
     for name in sorted({p["program"] for r in result["rounds"] for p in r["peers"]}):
-        steps = [p["step_s"] for r in result["rounds"] for p in r["peers"] if p["program"] == name]
-        peers[name] = {"step_s": _median(steps), "step_spread": _spread(steps)}
+        pts = [(p, max(r["read_bytes_per_s"])) for r in result["rounds"] for p in r["peers"]
+               if p["program"] == name]
+        peers[name] = {"step_s": _median(p["step_s"] for p, _ in pts),
+                       "step_spread": _spread([p["step_s"] for p, _ in pts]),
+                       "weights_over_read": _median(p["weight_bytes"] / p["step_s"] / read
+                                                    for p, read in pts if "weight_bytes" in p)}
+    return peers
+
+
+def _products(result: dict) -> list[dict]:
     products = []
     keys = sorted({(p["form"], p["rows"]) for r in result["rounds"] for p in r.get("products", [])},
                   key=lambda k: (k[1], k[0]))
@@ -373,9 +446,21 @@ def summarize(result: dict) -> dict:
                          "seconds": _median(p["seconds"] for p, _ in pts),
                          "over_read": _median(p["bytes"] / p["seconds"] / read
                                               for p, read in pts)})
-    reads = [max(r["read_bytes_per_s"]) for r in result["rounds"]]
-    result["products"] = products
-    result["table"] = table
-    result["peer_table"] = peers
-    result["read"] = {"median": _median(reads), "spread": _spread(reads), "rounds": reads}
-    return result
+    return products
+
+
+def _prefill_table(result: dict) -> dict:
+    """The prefill race: per round, float32's time over w8a8's (w8a8's speedup), and the median;
+    or why it did not run (`prefill_skipped`)."""
+    why = result.get("prefill_skipped")
+    ratios, steps = [], {p: [] for p in PREFILL}
+    for r in result["rounds"]:
+        times = {p["program"]: p["step_s"] for p in r.get("prefill", [])}
+        if all(p in times for p in PREFILL):
+            ratios.append(times["native"] / times["w8a8"])
+            for p in PREFILL:
+                steps[p].append(times[p])
+    if why or not ratios:
+        return {"skipped": why or "skipped: no round timed both prefills"}
+    return {"tokens": result["setup"]["prefill_len"], "speedup": _median(ratios),
+            "rounds": ratios, **{f"{p}_s": _median(steps[p]) for p in PREFILL}}

@@ -14,7 +14,11 @@ llama-cpp-python bindings), the engine most people run on a CPU, given the very 
   * `Server(gguf_path, context)` loads that file once in a long-lived child process, so the
     rounds of a benchmark can be interleaved with other programs' (`microbench.roofs.rounds`); its
     `round(steps)` times single-token decode steps at a fixed context, `greedy` and `logits`
-    let a test check that llama.cpp computes the same function as refmodel.
+    let a test check that llama.cpp computes the same function as refmodel; with
+    `logits_all=True`, `sequence_logits` returns its logits at every position of a prompt.
+  * `quantize(src, dst, ftype)` has llama.cpp's own quantizer (`llama_model_quantize`, what
+    its llama-quantize tool calls) rewrite that F32 file in one of the formats its users run
+    (QUANT_TYPES), with its default choices per tensor; `gguf_info` says what the file holds.
 
 RoPE. refmodel rotates channel i with channel i + H/2 of each head (rotate-half, as Hugging
 Face's Llama does; refmodel/attention/common.py), while llama.cpp's "llama" graph rotates the
@@ -38,10 +42,13 @@ Public API:
     check_config(cfg) -> None                       the refusals of gguf_from_model
     permute_rope(w, heads) -> np.ndarray            [heads*H, D] rotate-half rows -> pairs
     unpermute_rope(w, heads) -> np.ndarray          its inverse
-    Server(gguf_path, context, threads=None, flash_attn=False)
+    quantize(src, dst, ftype, threads=None) -> Path ftype one of QUANT_TYPES
+    gguf_info(path) -> {"file_bytes", "file_bpw", "types", "matrix_bpw", "step_weight_bytes"}
+    Server(gguf_path, context, threads=None, flash_attn=False, logits_all=False)
         .round(steps) -> {"step_s", "samples", "context", "threads", "version", ...}
         .greedy(prompt_ids, n) -> list[int]
         .logits(prompt_ids) -> np.ndarray [V]
+        .sequence_logits(prompt_ids) -> np.ndarray [T, V]   (logits_all=True only)
         .close()
 """
 
@@ -220,6 +227,66 @@ def _add_vocabulary(w, V: int) -> None:
     w.add_add_bos_token(False)
 
 
+# llama.cpp's own formats -----------------------------------------------------------------------
+
+# The llama_ftype names (llama_cpp.LLAMA_FTYPE_MOSTLY_<name>) of the formats people deploy on a
+# CPU: Q8_0 (int8, an fp16 scale per 32 weights: 8.5 bits), Q4_0 (4-bit, an fp16 scale per 32:
+# 4.5 bits) and Q4_K_M (4-bit super-blocks of 256 with 6-bit sub-scales, some tensors in Q6_K).
+QUANT_TYPES = ("Q8_0", "Q4_0", "Q4_K_M")
+
+
+def quantize(src, dst, ftype: str, threads: int | None = None) -> Path:
+    """llama.cpp's quantizer rewrites the GGUF `src` as `dst` in `ftype` (QUANT_TYPES) with its
+    default choice per tensor: the norms stay F32, some matrices go to another type (the output
+    matrix often Q6_K), and a tensor whose rows do not split into the format's blocks (Q4_K's
+    256) falls back to one they do. `gguf_info(dst)` counts what it wrote. Runs in a child,
+    as the Server does: llama.cpp's threads and log lines stay out of this process."""
+    if ftype not in QUANT_TYPES:
+        raise ValueError(f"ftype={ftype!r} is not allowed: choose one of {list(QUANT_TYPES)}")
+    why = available()
+    if why:
+        raise RuntimeError(f"llama.cpp cannot quantize: {why}")
+    threads = threads or len(os.sched_getaffinity(0))
+    args = ["quantize", str(Path(src).resolve()), str(Path(dst).resolve()), ftype, str(threads)]
+    done = subprocess.run([sys.executable, "-m", "microbench.studies.llamacpp", *args],
+                          capture_output=True, text=True, env=peer_environment())
+    if done.returncode != 0 or not Path(dst).exists():
+        raise RuntimeError(f"llama.cpp could not quantize {src} to {ftype} (exit "
+                           f"{done.returncode}): {done.stderr.strip()[-500:]}")
+    return Path(dst)
+
+
+def gguf_info(path) -> dict:
+    """What a GGUF holds, as llama.cpp wrote it: its bytes, bits per weight (file bytes over the
+    elements of its tensors), the tensors per type, and the matrices a decode step reads (every
+    tensor but token_embd, of which a step reads one row): their bytes and bits per weight."""
+    import gguf
+
+    path = Path(path)
+    tensors = gguf.GGUFReader(str(path)).tensors
+    types: dict[str, int] = {}
+    for t in tensors:
+        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+    step = [t for t in tensors if t.name != "token_embd.weight"]
+    matrices = [t for t in step if len(t.shape) >= 2]
+    file_bytes = path.stat().st_size
+    return {"file_bytes": file_bytes,
+            "file_bpw": 8.0 * file_bytes / sum(int(t.n_elements) for t in tensors),
+            "types": dict(sorted(types.items())),
+            "matrix_bpw": 8.0 * sum(int(t.n_bytes) for t in matrices)
+            / sum(int(t.n_elements) for t in matrices),
+            "step_weight_bytes": float(sum(int(t.n_bytes) for t in step))}
+
+
+def _quantize_child(src: str, dst: str, ftype: str, threads: int) -> int:
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    params.nthread = threads
+    return int(llama_cpp.llama_model_quantize(src.encode(), dst.encode(), params))
+
+
 # The peer -------------------------------------------------------------------------------------
 
 
@@ -232,10 +299,12 @@ class Server:
     past `n_tokens`), so every step of every round decodes at the same context (context + 1
     keys; llama.cpp rounds its cache up, to 512 cells for a requested 272, and masks the rest).
     The cache is float32 (type_k = type_v = F32), as refmodel's float32 cache: llama.cpp's
-    default F16 cache would move half the cache bytes and round the keys."""
+    default F16 cache would move half the cache bytes and round the keys. `logits_all`: the child
+    keeps the logits of every position it evaluates (`sequence_logits`); a timing server leaves
+    it off, as llama.cpp's users do."""
 
     def __init__(self, gguf_path, context: int, threads: int | None = None,
-                 flash_attn: bool = False):
+                 flash_attn: bool = False, logits_all: bool = False):
         why = available()
         if why:
             raise RuntimeError(f"the llama.cpp peer cannot run: {why}")
@@ -243,8 +312,9 @@ class Server:
             raise ValueError(f"context={context!r} must be a positive integer")
         self.threads = threads or len(os.sched_getaffinity(0))
         self.context = context
+        self.logits_all = logits_all
         args = [str(Path(gguf_path).resolve()), str(context), str(self.threads),
-                str(int(flash_attn))]
+                str(int(flash_attn)), str(int(logits_all))]
         # stderr to a file, not a pipe: llama.cpp's log lines could fill a pipe nobody reads
         self._stderr = tempfile.TemporaryFile(mode="w+")
         self._proc = subprocess.Popen([sys.executable, "-m", "microbench.studies.llamacpp", *args],
@@ -290,22 +360,49 @@ class Server:
         prompt = [int(t) for t in prompt_ids]
         return np.asarray(self._ask({"cmd": "logits", "prompt": prompt})["logits"], np.float32)
 
+    def sequence_logits(self, prompt_ids) -> np.ndarray:
+        """float32 [T, V]: llama.cpp's logits at every position of `prompt_ids` (row t: the
+        token after the first t + 1), from one evaluation of the whole prompt."""
+        if not self.logits_all:
+            raise ValueError("sequence_logits needs a Server started with logits_all=True")
+        prompt = [int(t) for t in prompt_ids]
+        rows = self._ask({"cmd": "sequence_logits", "prompt": prompt})["logits"]
+        return np.asarray(rows, np.float32)
+
     def close(self) -> None:
         self._finalizer()
         self._stderr.close()
 
 
-def _serve(path: str, context: int, threads: int, flash_attn: bool) -> None:
-    """The child: load the model, evaluate the timed prompt, then answer JSON lines."""
-    import time
-
+def _serve(path: str, context: int, threads: int, flash_attn: bool, logits_all: bool) -> None:
+    """The child: load the model, then answer JSON lines."""
     import llama_cpp
 
     n_ctx = context + EXTRA_CONTEXT
     llm = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_batch=min(n_ctx, 512),
-                          n_threads=threads, n_threads_batch=threads, logits_all=False,
+                          n_threads=threads, n_threads_batch=threads, logits_all=logits_all,
                           type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32,
                           flash_attn=flash_attn, verbose=False)
+    commands = _commands(llm, context, n_ctx)
+    system = llama_cpp.llama_print_system_info().decode()
+    _answer({"version": llama_cpp.__version__, "n_ctx": n_ctx, "system": system})
+    for line in sys.stdin:
+        if not line.strip():
+            break
+        command = json.loads(line)
+        try:
+            _answer(commands[command["cmd"]](command))
+        except (ValueError, KeyError, RuntimeError) as e:
+            _answer({"error": f"{type(e).__name__}: {e}"})
+
+
+def _commands(llm, context: int, n_ctx: int) -> dict:
+    """{command: function of the command's JSON -> the answer} over the loaded model; `round`
+    first evaluates the timed prompt of `context` seeded ids."""
+    import time
+
+    import llama_cpp
+
     V = llm.n_vocab()
     prompt = np.random.default_rng(0).integers(0, V, context).tolist()
 
@@ -339,19 +436,14 @@ def _serve(path: str, context: int, threads: int, flash_attn: bool) -> None:
             tokens.append(int(np.argmax(last_logits())))
         return {"tokens": tokens}
 
-    commands = {"round": lambda c: round_(int(c["steps"])),
-                "greedy": lambda c: greedy(c["prompt"], int(c["n"])),
-                "logits": lambda c: {"logits": run(c["prompt"]).tolist()}}
-    system = llama_cpp.llama_print_system_info().decode()
-    _answer({"version": llama_cpp.__version__, "n_ctx": n_ctx, "system": system})
-    for line in sys.stdin:
-        if not line.strip():
-            break
-        command = json.loads(line)
-        try:
-            _answer(commands[command["cmd"]](command))
-        except (ValueError, KeyError, RuntimeError) as e:
-            _answer({"error": f"{type(e).__name__}: {e}"})
+    def sequence(ids: list[int]) -> list:  # logits_all: llm.scores holds every row
+        run(ids)
+        return np.asarray(llm.scores[:len(ids)], np.float32).tolist()
+
+    return {"round": lambda c: round_(int(c["steps"])),
+            "greedy": lambda c: greedy(c["prompt"], int(c["n"])),
+            "logits": lambda c: {"logits": run(c["prompt"]).tolist()},
+            "sequence_logits": lambda c: {"logits": sequence(c["prompt"])}}
 
 
 def _answer(obj: dict) -> None:
@@ -360,4 +452,7 @@ def _answer(obj: dict) -> None:
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), bool(int(sys.argv[4])))
+    if sys.argv[1] == "quantize":
+        sys.exit(_quantize_child(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])))
+    _serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), bool(int(sys.argv[4])),
+           bool(int(sys.argv[5])))

@@ -1,7 +1,8 @@
 """Backends: who runs the model's ops (`refmodel/ops.py` is the seam, this package fills it).
 
     xla.py      the reference's ops in the layouts XLA's CPU compiler runs fastest
-    native.py   the C++ kernels of `refmodel/kernels` (float32 or int8 weights in panels,
+    native.py   the C++ kernels of `refmodel/kernels` (float32 or int8 weights in panels, int8
+                or int4 weights with int8 activations in the integer dot kernel,
                 attention over caches and the engine's pages, MLA, sparse, linear, MoE)
 
 A model's backend is its config field `backend` ("reference", "xla", "output-major",
@@ -48,7 +49,8 @@ def choose(backend: str, dtype: str = "float32", weight_format: str = "none",
 def use(model: nnx.Module, backend: str = "native") -> nnx.Module:
     """A copy of `model` (on "reference" or "xla", whose weights are stored as declared) on
     `backend`: for "native" its matrices in the kernel's panels (float32, or int8 from
-    `quant.quantize(model, weights="int8")`), for "output-major" stored [N, K]. Same weights,
+    `quant.quantize(model, weights="int8")`; int8 or int4 with `activations=True` in the
+    integer dot kernel's), for "output-major" stored [N, K]. Same weights,
     same outputs to float rounding."""
     if model.cfg.backend not in ("reference", "xla"):
         raise ValueError(f"the model's backend is already {model.cfg.backend!r}; convert the "

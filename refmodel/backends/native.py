@@ -28,6 +28,7 @@ from refmodel.attention.gqa import GroupedQueryAttention
 from refmodel.kernels.latent import attend_latent
 from refmodel.kernels.pages import PagedKV
 from refmodel.kernels.prefill import attend_rows
+from refmodel.kernels.qdot import QuantPanels
 from refmodel.kernels.recurrence import state_step
 from refmodel.kernels.rows import OutputMajor, Panels
 from refmodel.kernels.sparse import sparse_attend
@@ -48,9 +49,10 @@ def convert(model: nnx.Module, native: bool = True) -> nnx.Module:
     by its `Panels` form (the native kernel's layout), or with native=False its `OutputMajor`
     form (multiplied by XLA only); a weight declared over several axes ([D, N, H], [N, H, D])
     is stored as its matrix [prod(inputs), prod(outputs)]. With native=True an int8
-    `quant.Quantized` matrix becomes int8 `Panels` too. Other weights (float8, int4, int8
-    with int8 activations, a stack over several axes, what a module's `IN_PLACE` names: a
-    kernel reads it as declared) stay."""
+    `quant.Quantized` matrix becomes int8 `Panels` too, and an int8 or int4 one with int8
+    activations (not stacked) `QuantPanels`. Other weights (float8, int4 without int8
+    activations, quantized stacks with int8 activations, a stack over several axes, what a
+    module's `IN_PLACE` names: a kernel reads it as declared) stay."""
     if native and not kernels.available():
         raise RuntimeError(f"backend='native' needs the native kernels, which are not "
                            f"available here: {kernels.why_not()}; use backend='xla'")
@@ -64,6 +66,8 @@ def convert(model: nnx.Module, native: bool = True) -> nnx.Module:
             if plain and (matrix or lead == 0):  # or unstacked over several axes
                 form = Panels if native else OutputMajor
                 setattr(module, name, nnx.Param(form.of(value, lead, contract)))
+            elif native and isinstance(value, Quantized) and value.acts and value.lead == 0:
+                setattr(module, name, nnx.Param(QuantPanels.of_quantized(value)))
             elif (native and isinstance(value, Quantized) and value.fmt == "int8"
                   and not value.acts and (value.lead == 0 or (
                       value.contract == 1 and len(value.shape) == value.lead + 2))):
@@ -83,6 +87,7 @@ def _prepare_output_major(model):
 
 ops.weight_type(Panels, ops.matrix_contract)  # x [..., *in] times the matrix it stores
 ops.weight_type(OutputMajor, ops.matrix_contract)
+ops.weight_type(QuantPanels, ops.matrix_contract)
 
 
 # Attention -------------------------------------------------------------------------------------

@@ -8,9 +8,12 @@ step is a chain of matrix-vector products whose only job is to stream the weight
 and XLA:CPU's GEMV/few-row GEMM streams them below the memory's speed.
 
 `rows.cc` is that product, float32 or int8 weights (`panels.h`: its tile; `common.h`: what
-kernels share); `build.py` compiles the kernels for this machine on first use; `rows.py` wraps
-the product as an XLA custom call (`jax.ffi.ffi_call`) and as a weight type (`Panels`: the
-weight stored in the kernel's layout) that modules multiply with as they do with any weight.
+kernels share); `qdot.cc` the same product as llama.cpp's Q8_0 and Q4_0 compute it, int8 or
+int4 weights times activations rounded to int8 per block of 32, summed by the CPU's int8 dot
+instruction (`qdot.py`: `QuantPanels`, `int8_dot`); `build.py` compiles the kernels for this
+machine on first use; `rows.py` wraps the product as an XLA custom call (`jax.ffi.ffi_call`)
+and as a weight type (`Panels`: the weight stored in the kernel's layout) that modules multiply
+with as they do with any weight.
 The model reaches every kernel through one seam (`refmodel/ops.py`, `refmodel/backends/
 native.py`): `refmodel.init(cfg.replace(backend="native"))`, or `backends.use(model,
 "native")` for a model you already have. The reference (the model files' own code) is what
@@ -37,10 +40,11 @@ it at a quarter of the read roof), and a MoE layer runs its experts as grouped p
 from __future__ import annotations
 
 from refmodel.kernels.build import load, why_not
+from refmodel.kernels.qdot import QuantPanels, int8_dot
 from refmodel.kernels.rows import PANEL, OutputMajor, Panels, panels, rows, rows_groups
 
-__all__ = ["PANEL", "OutputMajor", "Panels", "available", "load", "panels", "rows",
-           "rows_groups", "why_not"]
+__all__ = ["PANEL", "OutputMajor", "Panels", "QuantPanels", "available", "int8_dot", "load",
+           "panels", "rows", "rows_groups", "why_not"]
 
 
 def available() -> bool:

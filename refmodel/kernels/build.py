@@ -29,8 +29,8 @@ from pathlib import Path
 import jax
 
 HERE = Path(__file__).parent
-SOURCES = ("rows.cc", "pages.cc", "attend.cc", "attend_rows.cc", "latent.cc", "sparse.cc",
-           "recurrence.cc")
+SOURCES = ("rows.cc", "qdot.cc", "pages.cc", "attend.cc", "attend_rows.cc", "latent.cc",
+           "sparse.cc", "recurrence.cc")
 HEADERS = ("common.h", "panels.h")  # hashed with the sources: a change rebuilds
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-fPIC", "-shared",
          "-fno-math-errno")
@@ -39,6 +39,7 @@ TARGETS = {"RowsF32": "refmodel_rows_f32", "RowsI8": "refmodel_rows_int8",
            "RowsAtF32": "refmodel_rows_at_f32", "RowsAtI8": "refmodel_rows_at_int8",
            "RowsGroupsF32": "refmodel_rows_groups_f32",
            "RowsGroupsI8": "refmodel_rows_groups_int8",
+           "QRowsI8": "refmodel_qrows_int8", "QRowsI4": "refmodel_qrows_int4",
            "GatherPagesAny": "refmodel_gather_pages",
            "PagedAttentionF32": "refmodel_paged_attention_f32",
            "AttendRowsF32": "refmodel_attend_rows_f32",
