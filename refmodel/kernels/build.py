@@ -114,21 +114,28 @@ def build(cxx: str) -> Path:
 
 
 @functools.cache
-def load() -> bool:
-    """Build, load and register the kernels for XLA:CPU; False (see `why_not`) if impossible."""
+def library() -> ctypes.CDLL | None:
+    """Build, load and register the kernels for XLA:CPU, once: the loaded library, or None
+    (see `why_not`) if impossible."""
     cxx = compiler()
     if cxx is None:
         _why_not.append("no C++ compiler on PATH (set CXX, or install g++ or clang++)")
-        return False
+        return None
     try:
         lib = ctypes.cdll.LoadLibrary(str(build(cxx)))
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
         _why_not.append(f"building the native kernels failed: {e}")
-        return False
+        return None
     for symbol, target in TARGETS.items():
         jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)),
                                     platform="cpu")
-    return True
+    return lib
+
+
+def load() -> bool:
+    """The kernels are built, loaded and registered (`library`); False (see `why_not`) if
+    impossible."""
+    return library() is not None
 
 
 def why_not() -> str | None:

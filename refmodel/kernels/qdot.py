@@ -16,7 +16,6 @@ int8 product is the faster one (`python -m microbench decode` times both).
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import math
 
@@ -38,10 +37,8 @@ def int8_dot() -> str | None:
     """The int8 dot-product instruction the kernel was built with on this CPU ("avx512_vnni",
     "avx_vnni"), or None: no kernels here, or a CPU without one (the kernel then computes the
     same sums with plain integer vector arithmetic, several times slower)."""
-    if not build.load():
-        return None
-    lib = ctypes.cdll.LoadLibrary(str(build.build(build.compiler())))
-    return INSTRUCTIONS.get(lib.refmodel_int8_dot())
+    lib = build.library()
+    return None if lib is None else INSTRUCTIONS.get(lib.refmodel_int8_dot())
 
 
 def pack(values: jax.Array, scale: jax.Array, fmt: str) -> tuple[jax.Array, jax.Array | None]:
