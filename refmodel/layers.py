@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from refmodel import ops
 from refmodel.config import ModelConfig
 from refmodel.counting import Cost, Dtypes, matmul
 
@@ -106,13 +107,13 @@ class DenseFFN(nnx.Module):
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         with jax.named_scope("ffn_up"):
-            up = x @ self.w_up[...]  # [..., F]
+            if self.act in GATED:  # gate and up, both [..., F], take the same x
+                gate, up = ops.contract_each(x, (self.w_gate[...], self.w_up[...]))
+            else:
+                up = x @ self.w_up[...]  # [..., F]
             if self.bias:
                 up = up + self.b_up[...]
-            if self.act in GATED:
-                h = activation(self.act, x @ self.w_gate[...]) * up
-            else:
-                h = activation(self.act, up)
+            h = activation(self.act, gate) * up if self.act in GATED else activation(self.act, up)
         with jax.named_scope("ffn_down"):
             y = h @ self.w_down[...]  # [..., D]
             if self.bias:

@@ -45,6 +45,7 @@ CHAIN: dict[str, tuple[str, ...]] = {
 _IMPLS: dict[tuple[str, str], Callable] = {}  # (op, backend) -> implementation
 _PREPARE: dict[str, Callable] = {}  # backend -> fn(model) storing its weights
 _CONTRACT: dict[type, Callable] = {}  # weight type -> fn(x, w, axes)
+_CONTRACT_EACH: dict[type, Callable] = {}  # weight type -> fn(x, ws, axes), several at once
 _BY_TYPE: dict[tuple[str, type], Callable] = {}  # (op, argument type) -> implementation
 _LOADED: set[str] = {"reference"}
 _OPS: set[str] = set()
@@ -151,10 +152,14 @@ def prepare(model) -> None:
         fn(model)
 
 
-def weight_type(cls: type, contract: Callable) -> None:
+def weight_type(cls: type, contract: Callable, each: Callable | None = None) -> None:
     """Register a stored-weight type: `contract(x, w, axes)` is its `jnp.tensordot(x, w,
-    axes)` (the type also defines `x @ w`, and `w.dequantize()`, its float array)."""
+    axes)` (the type also defines `x @ w`, and `w.dequantize()`, its float array);
+    `each(x, ws, axes)`, if given, is `contract_each` for several weights of the type in one
+    call (or NotImplemented for a case it does not take)."""
     _CONTRACT[cls] = contract
+    if each is not None:
+        _CONTRACT_EACH[cls] = each
 
 
 def matrix_contract(x, w, axes: int):
@@ -164,6 +169,19 @@ def matrix_contract(x, w, axes: int):
     lead = x.shape[:x.ndim - axes]
     shape = getattr(w, "declared", None) or w.shape
     return (x.reshape(*lead, -1) @ w).reshape(*lead, *shape[axes:])
+
+
+def contract_each(x, ws, axes: int = 1) -> tuple:
+    """(contract(x, w, axes) for w in ws): the products a layer takes of one input (q, k and
+    v; gate and up). Weights of a type that multiplies several at once (`weight_type`'s
+    `each`) run as one call, which reads x once and shares one parallel region: vLLM's
+    fused QKV and gate-up projections, here without concatenating the weights."""
+    each = _CONTRACT_EACH.get(type(ws[0]))
+    if each is not None and all(type(w) is type(ws[0]) for w in ws):
+        out = each(x, ws, axes)
+        if out is not NotImplemented:
+            return tuple(out)
+    return tuple(contract(x, w, axes) for w in ws)
 
 
 def contract(x, w, axes: int = 1):

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import refmodel
 from conftest import incremental_logits, tiny, tokens
-from refmodel import backends, kernels, quant
+from refmodel import backends, kernels, ops, quant
 from refmodel.kernels import build, qdot
 
 pytestmark = pytest.mark.skipif(not kernels.available(),
@@ -114,6 +114,50 @@ def test_weights_are_int8_and_int4_sized():
     b4 = qdot.QuantPanels.of_quantized(quant.quantize_matrix(w, "int4", acts=True)).nbytes
     assert b8 == 1024 * 256 + 4 * 256
     assert b4 == 1024 * 256 // 2 + 2 * 256 * 1024 // 32
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("m", [1, 2, 5, 9])
+def test_weights_taken_together_equal_each_taken_alone(m, fmt):
+    """`ops.contract_each` over QuantPanels is one kernel call (x rounded once, one parallel
+    region over every weight's panels): the numbers of one call per weight, bit for bit, for
+    weights of 3 different widths (declared over two axes, as q, k and v are) and the
+    oracle's."""
+    rng = np.random.default_rng(m)
+    x = rng.standard_normal((2, m, 101)).astype(np.float32)
+    shapes = [(101, 4, 40), (101, 2, 40), (101, 2, 16)]
+    qs = [quant.quantize_matrix(jnp.asarray(rng.standard_normal(s).astype(np.float32)), fmt,
+                                acts=True) for s in shapes]
+    ws = [qdot.QuantPanels.of_quantized(q) for q in qs]
+    together = jax.jit(lambda x, ws: ops.contract_each(x, ws))(jnp.asarray(x), ws)
+    assert "qrows_many" in jax.jit(lambda x, ws: ops.contract_each(x, ws)).lower(
+        jnp.asarray(x), ws).as_text()
+    for y, w, q, s in zip(together, ws, qs, shapes):
+        assert y.shape == (2, m) + s[1:]
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(ops.contract(jnp.asarray(x), w)))
+        want = oracle(x.reshape(-1, 101), q).reshape(y.shape)
+        np.testing.assert_allclose(np.asarray(y), want, rtol=1e-5,
+                                   atol=1e-5 * np.abs(want).max())
+
+
+def test_weights_of_two_formats_or_inputs_are_taken_one_by_one():
+    """A mix the kernel cannot take in one call (int8 beside int4, or two input sizes) falls
+    back to one product per weight, with the same numbers."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((3, 64)).astype(np.float32))
+
+    def panels(k, n, fmt):
+        w = jnp.asarray(rng.standard_normal((k, n)).astype(np.float32))
+        return qdot.QuantPanels.of_quantized(quant.quantize_matrix(w, fmt, acts=True))
+
+    mixed = [panels(64, 32, "int8"), panels(64, 48, "int4")]
+    assert qdot.QuantPanels.contract_each(x, mixed, 1) is NotImplemented
+    for y, w in zip(ops.contract_each(x, mixed), mixed):
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(x @ w))
+    wide = panels(96, 32, "int8")
+    assert qdot.QuantPanels.contract_each(x, [mixed[0], wide], 1) is NotImplemented
+    with pytest.raises(ValueError, match="qrows: .*n_in=64"):
+        qdot.qrows_each(x, [(wide.w, wide.scale, 32)], "int8")
 
 
 def test_refuses_what_it_cannot_compute():

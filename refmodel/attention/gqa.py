@@ -130,9 +130,8 @@ class GroupedQueryAttention(AttentionLayer):
         cfg = self.cfg
         B, T, _ = x.shape
         with jax.named_scope("qkv_proj"):
-            q = to_heads(x, self.wq[...])  # [B, T, N, H]
-            k = to_heads(x, self.wk[...])  # [B, T, K, H]
-            v = to_heads(x, self.wv[...])  # [B, T, K, H]
+            # q [B, T, N, H], k and v [B, T, K, H]
+            q, k, v = ops.contract_each(x, (self.wq[...], self.wk[...], self.wv[...]))
             if cfg.attn_bias:
                 q, k, v = q + self.bq[...], k + self.bk[...], v + self.bv[...]
         if cfg.qk_norm:

@@ -87,7 +87,7 @@ def _prepare_output_major(model):
 
 ops.weight_type(Panels, ops.matrix_contract)  # x [..., *in] times the matrix it stores
 ops.weight_type(OutputMajor, ops.matrix_contract)
-ops.weight_type(QuantPanels, ops.matrix_contract)
+ops.weight_type(QuantPanels, ops.matrix_contract, each=QuantPanels.contract_each)
 
 
 # Attention -------------------------------------------------------------------------------------

@@ -27,7 +27,9 @@
 //
 // Work is split as in rows.cc: blocks of panels from a shared counter on XLA's pool; 1-3 rows
 // read 4 or 2 panels side by side (more reads in flight per core), more rows pass over one
-// panel in blocks of up to QMB rows (the panel stays in L2 between blocks).
+// panel in blocks of up to QMB rows (the panel stays in L2 between blocks). One call may take
+// several weights of one x (`qrows_many`: q, k and v; gate and up): x is rounded once and
+// every weight's panels come from the same counter, one parallel region instead of three.
 #include <cmath>
 
 #include "common.h"
@@ -215,10 +217,20 @@ static void panel_range(const Rounded& r, int64_t M, const uint8_t* wp, const fl
       rows_pass<1, INT4>(r, m0, std::min<int64_t>(QMB, M - m0), wp, scale, p, y, n_out);
 }
 
+// One weight of a call: its panels and scales, its output y [M, n_out].
+struct QMat {
+  const uint8_t* wp;
+  const float* scale;  // int8's, per output; int4's sit in wp
+  float* y;
+  int64_t n_out, panels;
+};
+
+// x rounded once, then every matrix's panels in blocks from one shared counter: a layer's
+// products that share their input (q, k and v; gate and up) run as one parallel region, and
+// the small ones (k and v are a quarter of q under GQA) no longer wait alone for the pool.
 template <bool INT4>
-static void run(ffi::ThreadPool& pool, const float* x, const uint8_t* wp, const float* scale,
-                float* y, int64_t M, int64_t n_in, int64_t n_pad, int64_t n_out,
-                int64_t panels) {
+static void run(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t n_in, int64_t n_pad,
+                const std::vector<QMat>& mats) {
   const int64_t G = n_pad / QB;
   std::vector<int8_t> xq(M * n_pad);
   std::vector<float> sx(M * G);
@@ -235,10 +247,20 @@ static void run(ffi::ThreadPool& pool, const float* x, const uint8_t* wp, const 
   const Rounded r{xq.data(), sx.data(), corr.data(), n_pad, G};
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   const int64_t side = qstreams(M);
+  int64_t panels = 0;
+  for (const QMat& a : mats) panels += a.panels;
   const int64_t per = std::max<int64_t>(1, panels / (QSHARES * threads * side)) * side;
-  const int64_t blocks = (panels + per - 1) / per;
-  parallel_for(pool, blocks, [&](int64_t c) {
-    panel_range<INT4>(r, M, wp, scale, y, n_out, c * per, std::min(panels, (c + 1) * per));
+  struct Task {
+    int64_t mat, lo, hi;
+  };
+  std::vector<Task> tasks;  // blocks of `per` panels, none across two matrices
+  for (int64_t i = 0; i < (int64_t)mats.size(); i++)
+    for (int64_t lo = 0; lo < mats[i].panels; lo += per)
+      tasks.push_back({i, lo, std::min(mats[i].panels, lo + per)});
+  parallel_for(pool, tasks.size(), [&](int64_t c) {
+    const Task& t = tasks[c];
+    const QMat& a = mats[t.mat];
+    panel_range<INT4>(r, M, a.wp, a.scale, a.y, a.n_out, t.lo, t.hi);
   });
 }
 
@@ -262,8 +284,8 @@ static ffi::Error QRowsInt8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
     return ffi::Error::InvalidArgument(
         "qrows_int8: x [M, n_in], w uint8 [ceil(n_out / 32), n_pad / 4, 128] with n_pad = n_in "
         "rounded up to 32, scale [ceil(n_out / 32) * 32], y [M, n_out]");
-  run<false>(pool, x.typed_data(), w.typed_data(), scale.typed_data(), y->typed_data(), xd[0],
-             xd[1], wd[1] * 4, yd[1], wd[0]);
+  run<false>(pool, x.typed_data(), xd[0], xd[1], wd[1] * 4,
+             {{w.typed_data(), scale.typed_data(), y->typed_data(), yd[1], wd[0]}});
   return ffi::Error::Success();
 }
 
@@ -275,9 +297,57 @@ static ffi::Error QRowsInt4(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
     return ffi::Error::InvalidArgument(
         "qrows_int4: x [M, n_in], w uint8 [ceil(n_out / 32), n_pad / 32, 576] with n_pad = "
         "n_in rounded up to 32, y [M, n_out]");
-  run<true>(pool, x.typed_data(), w.typed_data(), nullptr, y->typed_data(), xd[0], xd[1],
-            wd[1] * QB, yd[1], wd[0]);
+  run<true>(pool, x.typed_data(), xd[0], xd[1], wd[1] * QB,
+            {{w.typed_data(), nullptr, y->typed_data(), yd[1], wd[0]}});
   return ffi::Error::Success();
+}
+
+// Several weights of one format times the same x, in one call: weights w_0 .. w_{n-1} (then,
+// int8, their scales s_0 .. s_{n-1}) as the single-weight calls take them, y_i [M, n_out_i].
+template <bool INT4>
+static ffi::Error QRowsManyImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+                                ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  const int64_t n = rets.size();
+  const auto xd = x.dimensions();
+  const char* what = INT4 ? "qrows_many_int4: x [M, n_in], weights w_i uint8 [ceil(n_i / 32), "
+                            "n_pad / 32, 576], y_i [M, n_i]"
+                          : "qrows_many_int8: x [M, n_in], weights w_i uint8 [ceil(n_i / 32), "
+                            "n_pad / 4, 128], then their scales s_i [ceil(n_i / 32) * 32], y_i "
+                            "[M, n_i]";
+  if (n < 1 || (int64_t)args.size() != (INT4 ? n : 2 * n)) return ffi::Error::InvalidArgument(what);
+  std::vector<QMat> mats;
+  int64_t n_pad = -1;
+  for (int64_t i = 0; i < n; i++) {
+    auto w = args.get<ffi::Buffer<ffi::U8>>(i);
+    auto y = rets.get<ffi::Buffer<ffi::F32>>(i);
+    if (!w.has_value() || !y.has_value()) return ffi::Error::InvalidArgument(what);
+    const auto wd = w->dimensions(), yd = (*y)->dimensions();
+    const int64_t per_row = INT4 ? QB : 4;
+    if (!shapes_ok(xd, wd, yd, INT4 ? QBLOCK4 : 128, per_row) ||
+        (n_pad >= 0 && n_pad != wd[1] * per_row))
+      return ffi::Error::InvalidArgument(what);
+    n_pad = wd[1] * per_row;
+    const float* scale = nullptr;
+    if (!INT4) {
+      auto s = args.get<ffi::Buffer<ffi::F32>>(n + i);
+      if (!s.has_value() || s->dimensions().size() != 1 || s->dimensions()[0] != wd[0] * QP)
+        return ffi::Error::InvalidArgument(what);
+      scale = s->typed_data();
+    }
+    mats.push_back({w->typed_data(), scale, (*y)->typed_data(), yd[1], wd[0]});
+  }
+  run<INT4>(pool, x.typed_data(), xd[0], xd[1], n_pad, mats);
+  return ffi::Error::Success();
+}
+
+static ffi::Error QRowsManyInt8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+                                ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  return QRowsManyImpl<false>(pool, x, args, rets);
+}
+
+static ffi::Error QRowsManyInt4(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+                                ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  return QRowsManyImpl<true>(pool, x, args, rets);
 }
 
 // Which int8 dot instruction this build uses (qdot.py's `int8_dot`): 2 AVX-512 VNNI,
@@ -307,4 +377,20 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(QRowsI4, QRowsInt4,
                                   .Arg<ffi::Buffer<ffi::F32>>()  // x [M, n_in]
                                   .Arg<ffi::Buffer<ffi::U8>>()   // w [n_out / 32, n_pad / 32, 576]
                                   .Ret<ffi::Buffer<ffi::F32>>()  // y [M, n_out]
+);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(QRowsManyI8, QRowsManyInt8,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // x [M, n_in]
+                                  .RemainingArgs()               // w_0 .. w_{n-1}, s_0 .. s_{n-1}
+                                  .RemainingRets()               // y_0 .. y_{n-1}
+);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(QRowsManyI4, QRowsManyInt4,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // x [M, n_in]
+                                  .RemainingArgs()               // w_0 .. w_{n-1}
+                                  .RemainingRets()               // y_0 .. y_{n-1}
 );

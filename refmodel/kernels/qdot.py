@@ -66,9 +66,7 @@ def pack(values: jax.Array, scale: jax.Array, fmt: str) -> tuple[jax.Array, jax.
     return jnp.concatenate([rows, scales], axis=-1), None
 
 
-def qrows(x: jax.Array, wp: jax.Array, scale: jax.Array | None, n: int, fmt: str) -> jax.Array:
-    """x [M, n_in] float32, rounded to int8 per block, times the packed weight (`pack`) -> y
-    [M, n] float32, in the native kernel."""
+def _check(x, wp, scale, n, fmt) -> None:
     M, n_in = x.shape
     G = -(-n_in // BLOCK)
     want = (-(-n // PANEL),) + ((G * BLOCK // 4, 128) if fmt == "int8" else (G, ROW4))
@@ -80,10 +78,27 @@ def qrows(x: jax.Array, wp: jax.Array, scale: jax.Array | None, n: int, fmt: str
                          f"scale {None if scale is None else list(scale.shape)}")
     if not build.load():
         raise RuntimeError(f"the native kernels are not available: {build.why_not()}")
+
+
+def qrows(x: jax.Array, wp: jax.Array, scale: jax.Array | None, n: int, fmt: str) -> jax.Array:
+    """x [M, n_in] float32, rounded to int8 per block, times the packed weight (`pack`) -> y
+    [M, n] float32, in the native kernel."""
+    _check(x, wp, scale, n, fmt)
     target = build.TARGETS["QRowsI8" if fmt == "int8" else "QRowsI4"]
-    out = jax.ShapeDtypeStruct((M, n), jnp.float32)
+    out = jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32)
     args = (x, wp) + ((scale,) if fmt == "int8" else ())
     return jax.ffi.ffi_call(target, out, vmap_method="sequential")(*args)
+
+
+def qrows_each(x: jax.Array, weights: list, fmt: str) -> list[jax.Array]:
+    """x [M, n_in] float32, rounded once, times each packed weight (wp, scale, n) of one
+    format -> [y [M, n] float32, ...], in one call of the native kernel (`qrows` for one)."""
+    for wp, scale, n in weights:  # each checked as qrows checks it
+        _check(x, wp, scale, n, fmt)
+    target = build.TARGETS["QRowsManyI8" if fmt == "int8" else "QRowsManyI4"]
+    out = [jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32) for _, _, n in weights]
+    args = [wp for wp, _, _ in weights] + ([s for _, s, _ in weights] if fmt == "int8" else [])
+    return jax.ffi.ffi_call(target, out, vmap_method="sequential")(x, *args)
 
 
 @struct.dataclass
@@ -139,6 +154,18 @@ class QuantPanels:
         y = qrows(x.reshape(-1, self.k).astype(jnp.float32), self.w, self.scale, self.n,
                   self.fmt)
         return y.astype(x.dtype).reshape(*x.shape[:-1], self.n)
+
+    @staticmethod
+    def contract_each(x: jax.Array, ws, axes: int):
+        """`ops.contract_each` for QuantPanels of one format and one input size: one kernel
+        call (x rounded once); NotImplemented for a mix."""
+        w0 = ws[0]
+        if any(w.fmt != w0.fmt or w.k != w0.k or w.contract != axes for w in ws):
+            return NotImplemented
+        lead = x.shape[:x.ndim - axes]
+        ys = qrows_each(x.reshape(-1, w0.k).astype(jnp.float32),
+                        [(w.w, w.scale, w.n) for w in ws], w0.fmt)
+        return [y.astype(x.dtype).reshape(*lead, *w.shape[axes:]) for y, w in zip(ys, ws)]
 
     def values(self) -> tuple[jax.Array, jax.Array]:
         """(the stored values as int32 [n_pad, n] without their offset, scale per output [n]
