@@ -339,7 +339,9 @@ def _products_lines(result: dict) -> list[str]:
     p0 = result["products"][0]
     return ["", f"The {p0['products']} weight products of a step alone, chained, per number of "
             "rows (weights as written, [K, N], stored output-major, [N, K], or in the native "
-            "kernel's panels, float32 or int8):", "",
+            "kernel's panels, float32 or int8; `native w8a8` / `native w4a8`: the integer dot "
+            "kernel, int8 or int4 weights with the rows rounded to int8): set against the "
+            "step's time, what a step spends outside its weight products:", "",
             "| rows | form | GB | ms | bytes/s over C read |", "|---|---|---|---|---|"] + [
         f"| {p['rows']} | {p['form']} | {p['bytes'] / 1e9:.2f} | {_fmt(1e3 * p['seconds'])} | "
         f"{_fmt(p['over_read'])} |" for p in result["products"]]

@@ -100,15 +100,16 @@ def _read_bytes_per_s(server) -> float:
     return 4.0 * c["n"] / float(np.median(c["read"]))
 
 
-def _chain(product, k_axis: int):
-    """Every weight in turn (its inputs on `k_axis`), each product's input cut or tiled from
-    the last product's output: one dependent chain, as in a step."""
+def _chain(product, k_axis: int | None):
+    """Every weight in turn (its inputs on `k_axis`; None: a stored weight's own `k`), each
+    product's input cut or tiled from the last product's output: one dependent chain, as in a
+    step."""
 
     def run(x, ws):
         D = x.shape[1]
         for w in ws:
-            x = _fit(_fit(x, D) * 1e-3, w.shape[k_axis])
-            x = product(x, w)
+            x = _fit(_fit(x, D) * 1e-3, w.k if k_axis is None else w.shape[k_axis])
+            x = product(x, w).reshape(x.shape[0], -1)
         return x.sum()
 
     return run
@@ -177,6 +178,12 @@ class _Ours:
         for program, form in (("native", "native panels"), ("native-int8", "native int8 panels")):
             if program in self.models:  # Panels: x @ w is the kernel (shape: [K, N])
                 forms[form] = (lambda x, w: x @ w, 0, weights(self.models[program], unwrap=False))
+        for program in ("w8a8", "w4a8"):  # the integer kernel's QuantPanels, any declared shape
+            if self.backends.get(program) == "native":
+                qs = [getattr(m, n)[...] for _, m in nnx.iter_modules(self.models[program])
+                      for n in matrices(m)]
+                forms[f"native {program}"] = (lambda x, w: x @ w, None,
+                                              [w for w in qs if hasattr(w, "k")])
         out = []
         for form, (product, k_axis, ws) in forms.items():
             if form not in self._chains:
