@@ -33,6 +33,9 @@
 # Each step below builds a kernel from `microbench`, counts it, times it on this machine with
 # `microbench.harness.time_fn`, and checks it. `QUICK` (the default, what CI runs) uses small
 # sizes and short budgets; `LAB_FULL=1` uses publication sizes.
+#
+# To put any model's phases on any chip's roofline (spec sheets, or the roofs measured here),
+# batch, context and precision as you choose, open [the explorer](../book/explorer.md).
 
 # %%
 # %matplotlib inline
