@@ -69,6 +69,12 @@ COMMANDS: list[Command] = [
     Command("decode", "the decode race: our step (XLA's products and the native kernel) vs "
             "the C read, the GEMM and llama.cpp / transformers, in interleaved rounds",
             "microbench.commands.decode"),
+    Command("pallas", "refmodel's Pallas kernels (decode attention, paged, grouped matmul) "
+            "timed against their XLA references", "microbench.commands.pallas"),
+    Command("pack", "pack an accelerator run's results into one .tar.gz",
+            "microbench.commands.pack"),
+    Command("unpack", "unpack an accelerator run's .tar.gz into figures/data/<machine>/ and "
+            "draw it", "microbench.commands.unpack"),
 ]
 
 

@@ -6,9 +6,12 @@ A result's environment block (harness.environment) records the CPU's vendor, fam
 (Genoa)), 2 cores"), `slug` the folder name its committed results live under
 (`figures/data/<slug>/`, the figures in `figures/<slug>/`): two runs with the same slug are the
 same kind of machine (microarchitecture, core count, accelerator), so their numbers may sit on
-one figure; two different slugs may not. `check_one_machine` refuses a set of results that
-mixes machines, including a roofs cross-reference (a study predicting with another file's roofs)
-taken from a different machine. No JAX: figures redraw wherever matplotlib runs.
+one figure; two different slugs may not. A run of an accelerator's code path forced on a CPU
+(environment `forced_platform`, microbench.roofs.platform) is the CPU's, named as forced in
+both, so it never shares a folder with the CPU's own results nor claims the accelerator.
+`check_one_machine` refuses a set of results that mixes machines, including a roofs
+cross-reference (a study predicting with another file's roofs) taken from a different machine.
+No JAX: figures redraw wherever matplotlib runs.
 """
 
 from __future__ import annotations
@@ -52,11 +55,15 @@ def describe(env: dict | None) -> str:
         name += f", {env['cpu_count']} cores"
     if _accelerator(env):
         name = f"{env.get('device_count') or 1} x {env['device_kind']} on {name}"
+    if env.get("forced_platform"):
+        name += f" ({env['forced_platform']} code path forced on this CPU: no " \
+                f"{env['forced_platform']} measured)"
     return name
 
 
 def slug(env: dict | None) -> str | None:
-    """The folder name of a machine: 'amd-zen-4-genoa-2cpu', 'nvidia-h100-80gb-hbm3-x1';
+    """The folder name of a machine: 'amd-zen-4-genoa-2cpu', 'nvidia-h100-80gb-hbm3-x1'
+    ('amd-zen-4-genoa-2cpu-forced-gpu-path' for the GPU path forced on that CPU);
     None for a result without an environment block (computed on paper, no machine)."""
     env = env or {}
     if _accelerator(env):
@@ -68,7 +75,9 @@ def slug(env: dict | None) -> str | None:
                                                                  _words(cpu.get("vendor") or "cpu"))
     arch = microarchitecture_name(env)
     core = _words(arch) if arch else f"family-{cpu.get('family')}-model-{cpu.get('model')}"
-    return f"{vendor}-{core}-{env.get('cpu_count') or '?'}cpu"
+    path = env.get("forced_platform")
+    forced = f"-forced-{_words(path)}-path" if path else ""
+    return f"{vendor}-{core}-{env.get('cpu_count') or '?'}cpu{forced}"
 
 
 def this_machine() -> str | None:

@@ -19,6 +19,9 @@ A results file (`peaks.json`, written by `python -m microbench peaks`) is one JS
     hierarchy       object  optional: the native per-level sweep and its monotone checks
     overhead        object  optional: dispatch and per-kernel cost (microbench.roofs.overhead)
     plan, wall_s            optional: the sizes and budgets used, and the run's wall time
+    platform        object  optional: the code path (roofs.platform.Platform.to_dict): requested,
+                            backend, target, forced, interpret; absent on the CPU's path
+    skipped         list    optional: [{what, why}] each thing the path did not measure
 
 roofs may also hold `compiler` (what XLA itself reaches: never a roof) and `ridges`
 (microbench.roofline.ridge of the matrix/vector roofs over main memory's roofs).
@@ -147,6 +150,22 @@ def _roof(r, path: str):
     _suspect(r, path)
 
 
+def _path_fields(obj: dict) -> None:
+    """The optional `platform` block and `skipped` list of an accelerator path's result."""
+    if "platform" in obj:
+        block = obj["platform"]
+        _check("result.platform", block, "dict")
+        for key in ("requested", "backend", "target"):
+            _check(f"result.platform.{key}", _require(block, "result.platform", key), "str")
+        _check("result.platform.forced", _require(block, "result.platform", "forced"), "bool")
+    if "skipped" in obj:
+        _check("result.skipped", obj["skipped"], "list")
+    for i, s in enumerate(obj.get("skipped") or []):
+        _check(f"result.skipped[{i}]", s, "dict")
+        for key in ("what", "why"):
+            _check(f"result.skipped[{i}].{key}", _require(s, f"result.skipped[{i}]", key), "str")
+
+
 def upgrade(obj) -> dict:
     """Bring a result of an older version of this code up to its fields, in place: memory
     roofs (a peaks result's, a phases result's peaks block) gain `memory`, `access` and `main`
@@ -203,6 +222,7 @@ def validate_result(obj) -> dict:
         _check(f"result.{key}.points", points, "list")
         for i, m in enumerate(points):
             _measurement(m, f"result.{key}.points[{i}]")
+    _path_fields(obj)
     roofs = _require(obj, "result", "roofs")
     _check("result.roofs", roofs, "dict")
     for kind in ("compute", "memory"):
@@ -233,6 +253,7 @@ def validate_result(obj) -> dict:
 #              outside_reason (outside 0.75-1.25: measured), breakdown {top, rows} (full run)}
 #     modelled {throughput: [...], crossover: [...], kv: [...]}  (refmodel.costs on spec devices)
 #     report   null, or the speed report (microbench.phases.report.measure_report)
+#     platform, skipped   optional, as in a peaks result (an accelerator path's phases)
 #
 # A point is measured once per run and shared by every sweep that uses it: `sweeps` (optional,
 # a list holding `sweep` first) names them all; a file without it has one point per sweep.
@@ -294,4 +315,5 @@ def _validate_phases(obj: dict) -> dict:
     for key in ("throughput", "crossover", "kv"):
         _check(f"result.modelled.{key}", _require(modelled, "result.modelled", key), "list")
     _check("result.report", _require(obj, "result", "report"), "dict", nullable=True)
+    _path_fields(obj)
     return obj

@@ -2,6 +2,8 @@
 `add_args(parser)` and `run(args) -> int`:
 
     roofs and phases   peaks.py, phases.py, breakdown.py, run.py (the main job)
+    accelerators       pallas.py (Pallas kernels vs their XLA references), pack.py and
+                       unpack.py (an accelerator run's results as one file, and back)
     studies            serve.py, simulate.py, speculative.py, quant.py, collectives.py,
                        parallel.py, decode.py
     drawing            figures.py, plot.py; hardware.py lists the spec database

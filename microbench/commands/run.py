@@ -11,6 +11,11 @@ def add_args(p) -> None:
     p.add_argument("--out", default="results/microbench", help="output folder")
     p.add_argument("--no-peer", action="store_true", help="skip the PyTorch peer")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--platform", default="auto",
+                   help="which path: auto (default: JAX's default backend), cpu (the CPU's "
+                        "roofs and peers), gpu or tpu (an accelerator's: device memory, GEMM "
+                        "per dtype, bfloat16 phases; on a CPU backend that path is forced at "
+                        "tiny sizes and labelled so)")
     add_backend(p)
 
 
@@ -35,11 +40,15 @@ def check_backend(backend: str) -> str:
 def run(args) -> int:
     from microbench.phases import suite
     from microbench.plots import summary
+    from microbench.roofs import platform
 
     t0 = time.perf_counter()
-    check_backend(args.backend)
+    chosen = platform.current(args.platform)  # a bad --platform fails before measuring
+    if not chosen.accelerator:
+        check_backend(args.backend)
     out = suite.run(args.quick, args.out, peer=not args.no_peer,
-                    progress=not args.no_progress, backend=args.backend)
+                    progress=not args.no_progress, backend=args.backend,
+                    platform=args.platform)
     print(summary.summary_markdown(out["peaks"], out["phases"]))
     for f in out["files"]:
         print(f"wrote {f}")

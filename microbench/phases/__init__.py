@@ -7,4 +7,5 @@ goes. `points.py` times one phase and predicts it; open it first.
     breakdown.py  one phase's time per op (a profiler trace) beside each op's counted cost
     report.py     the speed report: decode against main memory, prefill against the GEMM roof
     suite.py      the main job (`python -m microbench run`): roofs, sweeps, every figure
+    device.py     the sweeps on an accelerator: bfloat16, a preset sized for the chip
 """

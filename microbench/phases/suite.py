@@ -54,18 +54,42 @@ def measure_phases(plan: sweeps.PhasePlan, peaks: dict, quick: bool, out_dir,
 
 
 def run(quick: bool, out_dir, peer: bool = True, progress: bool = True,
-        backend: str = "auto") -> dict:
+        backend: str = "auto", platform: str = "auto") -> dict:
     """The whole main job; returns {"peaks", "phases", "files"}. Every file of the run is
     written as one set (files.output_set): out_dir is checked before anything is measured,
     and an interrupted run leaves out_dir as it was. `backend` runs every
-    timed point (refmodel.backends.choose)."""
+    timed point (refmodel.backends.choose). `platform` (roofs.platform.choose: "auto", "cpu",
+    "gpu", "tpu") picks the CPU's path or an accelerator's (`run_device`)."""
+    from microbench.roofs import platform as platforms
     from microbench.roofs.peaks import measure_peaks
 
+    chosen = platforms.current(platform)
+    if chosen.accelerator:
+        return run_device(chosen, quick, out_dir, progress)
     with output_set(out_dir) as tmp:
         peaks = measure_peaks(quick, tmp, progress=progress)
         plan = dataclasses.replace(sweeps.quick_plan() if quick else sweeps.PhasePlan(),
                                    backend=backend)
         phases = measure_phases(plan, peaks, quick, tmp, report=not quick, peer=peer,
                                 progress=progress)
+        files = [Path(out_dir) / p.relative_to(tmp) for p in draw_roofline(tmp)]
+    return {"peaks": peaks, "phases": phases, "files": files}
+
+
+def run_device(platform, quick: bool, out_dir, progress: bool = True) -> dict:
+    """The accelerator's main job (also forced on a CPU): device roofs (roofs.device), the
+    bfloat16 phases on a preset sized for the chip (phases.device), every figure and the
+    summary with what this path skipped; written as one set like `run`."""
+    from microbench.phases import device as device_phases
+    from microbench.roofs import device
+
+    with output_set(out_dir) as tmp:
+        peaks = device.measure(platform, quick, progress)
+        harness.write_json_atomic(tmp / "peaks.json", peaks)
+        memory = device.device_memory_bytes(peaks["environment"],
+                                            (peaks.get("spec") or {}).get("memory_bytes"))
+        preset = device_phases.preset_for(memory, platform.forced)
+        plan = device_phases.plan_for(preset, quick, platform.forced)
+        phases = device_phases.measure(plan, peaks, quick, tmp, progress)
         files = [Path(out_dir) / p.relative_to(tmp) for p in draw_roofline(tmp)]
     return {"peaks": peaks, "phases": phases, "files": files}

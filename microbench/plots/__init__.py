@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from microbench.plots.common import PALETTE, fmt_si, load_results, save
-from microbench.plots.hierarchy import hierarchy_figure
+from microbench.plots.hierarchy import has_series, hierarchy_figure
 from microbench.plots.points import gap_figure, phases_roofline_figure, variants_roofline_figure
 from microbench.plots.roofline import roofline_figure
 from microbench.plots.sweeps import batch_figure, crossover_figure, kv_figure, throughput_figure
@@ -81,7 +81,9 @@ def draw_all(out_dir: str | Path, peaks: dict, phases: dict | None = None) -> li
     """Every figure of a peaks result and, when given, of a phases result, into out_dir (a
     phase figure is given both: the headline draws the peaks' spec ceilings)."""
     out = Path(out_dir)
-    written = [save(FIGURES[name]([peaks]), out / f"{name}.png") for name in PEAKS_FIGURES]
+    # the device path measures no cache levels: no hierarchy figure without its series
+    names = [n for n in PEAKS_FIGURES if n != "hierarchy" or has_series(peaks)]
+    written = [save(FIGURES[name]([peaks]), out / f"{name}.png") for name in names]
     if phases is not None:
         written += [save(FIGURES[name]([phases, peaks]), out / f"{name}.png")
                     for name in PHASE_FIGURES]

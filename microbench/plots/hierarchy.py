@@ -127,3 +127,8 @@ def _drift_panel(ax, result: dict) -> None:
     ax.set_title(f"Drift across {len(rounds)} interleaved rounds: largest program spread "
                  f"{max(spreads):.0%}", fontsize=11)
     ax.legend(fontsize=7, frameon=False, loc="best")
+
+
+def has_series(peaks: dict) -> bool:
+    """Whether a peaks result holds what this figure draws (the CPU's cache levels)."""
+    return bool(peaks.get("hierarchy") or (peaks.get("sweep") or {}).get("points"))

@@ -210,8 +210,11 @@ def roofline_figure(results: Sequence[dict], title: str | None = None) -> Figure
     names = "; ".join(f"{r['machine']} ({r['environment'].get('date_utc', '?')[:10]})"
                       for r in results)
     fig.suptitle(title or f"Roofline measured on {names}", fontsize=14)
-    ax.set_title("Solid: measured roofs, the best program of each (median over rounds, shaded "
-                 "spread).  Dashed: vendor or theoretical ceilings.\nDotted grey: what XLA "
+    # the CPU path's roofs are medians over interleaved rounds; the device path runs each once
+    how = ("median over rounds, shaded spread" if any(r.get("rounds") for r in results)
+           else "each program's median")
+    ax.set_title(f"Solid: measured roofs, the best program of each ({how}).  Dashed: vendor "
+                 "or theoretical ceilings.\nDotted grey: what XLA "
                  "itself reaches.  Diamonds: ridge points against main memory.  Bytes are "
                  "algorithmic.", fontsize=10)
     handles, labels = ax.get_legend_handles_labels()

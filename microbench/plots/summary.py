@@ -144,6 +144,7 @@ def summary_markdown(peaks: dict, phases: dict) -> str:
                      f"{reasons(p)} |")
     if phases.get("report"):
         lines += ["", "## Speed report", "", "```", format_report(phases["report"]), "```"]
+    lines += skipped_lines(peaks, phases)
     return "\n".join(lines) + "\n"
 
 
@@ -199,3 +200,15 @@ def format_report(rep: dict) -> str:
     elif peer:
         lines.append(f"peer {peer['name']}: {peer.get('error')}")
     return "\n".join(lines)
+
+
+def skipped_lines(*results: dict | None) -> list[str]:
+    """Markdown bullets for every `skipped` entry of the given results (once each)."""
+    seen: dict[str, str] = {}
+    for r in results:
+        for s in (r or {}).get("skipped") or []:
+            seen.setdefault(s["what"], s["why"])
+    if not seen:
+        return []
+    return ["", "## Not measured on this path", ""] + [f"- skipped: {what}: {why}"
+                                                       for what, why in seen.items()]

@@ -14,4 +14,8 @@ model runs. `peaks.py` is the whole measurement (`python -m microbench peaks`); 
     overhead.py   the per-call floor of a compiled phase: dispatch plus a cost per kernel
     guard.py      a value above its ceiling is a bug signal, never a roof
     synthetic.py  a peaks result with known roofs, for tests and figures without measuring
+    platform.py   which path `--platform` takes (CPU or accelerator, forced on a CPU)
+    device.py     an accelerator's roofs: HBM read and copy, GEMM per dtype vs the spec
+    pallas_copy.py  the device-memory peer written in Pallas
+    hlo.py        what a compiled GEMM multiplies in (fp8 or not), read from its HLO
 """
