@@ -24,7 +24,7 @@
 # product with a few rows of activations, and `refmodel.kernels`, the native C++ kernel for it
 # that JAX calls through `jax.ffi`.
 #
-# Step 0 shows the reference model and its backends side by side; then six steps:
+# Step 0 shows the reference model and its backends side by side; then seven steps:
 #
 # 1. a decode step is a chain of weight products with few rows: llama-309m's bytes, FLOPs and
 #    intensity at batch 1 to 8, against this machine's ridge;
@@ -33,7 +33,8 @@
 # 3. few rows: XLA's two layouts and the kernel at 1 to 8 rows, against their roof;
 # 4. inside the kernel, and checks that it computes the right thing, alone and in a model;
 # 5. the committed race against llama.cpp (`figures/data/<machine>/decode.json`) and its targets;
-# 6. what is left, and how to race your own machine.
+# 6. what is left, and how to race your own machine;
+# 7. kernels the JAX way: a Pallas kernel for decode attention, the same ideas for a GPU or TPU.
 #
 # Shapes follow `refmodel/kernels/rows.py`: x [M, K] (M rows: the step's tokens), a weight
 # [K, N] as the model is written (K inputs, N outputs), [N, K] stored output-major, or
@@ -41,6 +42,7 @@
 
 # %%
 # %matplotlib inline
+import inspect
 import json
 import os
 import statistics
@@ -58,8 +60,9 @@ from microbench import machines, sysinfo
 from microbench.roofs import native
 from microbench.roofs.peaks import main_array_bytes
 from microbench.roofs.rounds import NumpyPeer
-from refmodel import backends, compiler_check, costs, kernels, presets
+from refmodel import backends, compiler_check, costs, kernels, pallas, presets
 from refmodel.kernels import build
+from refmodel.pallas import decode as pallas_decode
 
 # %%
 QUICK = os.environ.get("LAB_FULL", "0") != "1"  # parameter: LAB_FULL=1 for publication size
@@ -97,10 +100,12 @@ print(f"native kernels: {'available' if HAVE_KERNEL else 'NOT available'} "
 # shapes, an explicit causal mask, the cache in and out. The steps a faster implementation may
 # replace are named ops (`@ops.op` in the model files); `ModelConfig.backend` picks who runs
 # them, in one place (`refmodel/ops.py`): `"reference"` (the files' own code), `"xla"` (the
-# same ops in layouts XLA's CPU compiler runs faster: `refmodel/backends/xla.py`), or
-# `"native"` (the C++ kernels of this notebook, `refmodel/backends/native.py`). Below: one
-# model on each, the same weights (`backends.use`), the same logits, and what each buys for a
-# decode step on this machine, timed in interleaved rounds in this run.
+# same ops in layouts XLA's CPU compiler runs faster: `refmodel/backends/xla.py`),
+# `"native"` (the C++ kernels of this notebook, `refmodel/backends/native.py`), or `"pallas"`
+# (kernels in JAX's own kernel language for GPUs and TPUs, step 7; not timed on a CPU, where
+# they run interpreted). Below: one model on each (but "pallas"), the same weights
+# (`backends.use`), the same logits, and what each buys for a decode step on this machine,
+# timed in interleaved rounds in this run.
 
 # %%
 print("ops and the backends that implement them:")
@@ -840,3 +845,132 @@ check_no_cache_copies(copies)
 # `kernels.why_not()` says why the kernel did not build. The race's JSON has the layout read in
 # step 5, so pointing `RACE_FILE` above at `results/decode/decode.json` shows your machine's
 # table and targets here.
+
+# %% [markdown]
+# ## Step 7 · Kernels the JAX way: Pallas
+#
+# The C++ kernels above speak to one kind of chip. **Pallas** (`jax.experimental.pallas`) is
+# JAX's own kernel language, and its kernels compile for GPUs (through Triton, or Mosaic GPU
+# on Hopper and newer) and TPUs (through Mosaic). A Pallas kernel has three parts:
+#
+# - **a grid**: `pl.pallas_call(kernel, grid=(B, K, splits), ...)` runs `kernel` once per
+#   point of the grid, each run a *program* (a thread block on a GPU, a step of a sequential
+#   loop per core on a TPU); `pl.program_id(axis)` says which;
+# - **blocks**: each operand's `pl.BlockSpec(block_shape, index_map)` says which block of it a
+#   program gets: `index_map(*program_ids)` gives the block's index, and before the program runs
+#   the block is moved into the chip's fast memory (a TPU's VMEM; on a GPU, Triton loads it
+#   into registers and shared memory); a `None` in the shape drops that axis;
+# - **the computation on blocks**: the kernel reads its blocks (`ref[...]`, `ref[pl.ds(start,
+#   size)]`), computes with ordinary `jnp`, and writes its output block.
+#
+# On a CPU Pallas runs only in **interpret mode** (`interpret=True`): the grid becomes a loop in
+# XLA, each program's blocks sliced out of the arrays. It is how this project's tests check the
+# kernels (`tests/test_pallas.py`): for correctness, not speed.
+#
+# The kernel read here is `refmodel/pallas/decode.py`'s decode attention, one query per
+# sequence over a KV cache: q [B, K, G, H], k and v [B, K, S, H], row b seeing lens[b] keys.
+# First the reference, a masked softmax between two einsums, as the model computes it:
+
+# %%
+print(inspect.getsource(pallas.reference_decode_attention))
+
+# %% [markdown]
+# Then the kernel, top to bottom. `decode_attention` sets up the grid (B, K, splits) and the
+# BlockSpecs: program (b, h, s) gets the G query heads of KV head h (one read of the keys
+# serves the whole group: GQA), the keys and values of split s, and lens[b]. `_kernel` walks
+# its keys in blocks of `block_k`, and `online_step` folds each block into a running max m, a
+# running sum l and an unnormalised output acc (FlashAttention's online softmax): each key and
+# value is read once and the scores of the whole cache never exist. Each split writes its
+# (acc, m, l); `combine` rescales them into one softmax. Blocks past lens[b] are never read.
+
+# %%
+for fn in (pallas_decode.online_step, pallas_decode._kernel, pallas_decode.combine,
+           pallas_decode.decode_attention):
+    print(inspect.getsource(fn))
+
+# %% [markdown]
+# The block sizes come from a table keyed by the platform (`refmodel/pallas/blocks.py`, each
+# entry saying why): small on a CPU so that the tiny shapes cross blocks and splits, a Triton
+# tile on a GPU, the (8, 128) vector register on a TPU. Run here in interpret mode against the
+# reference, with ragged lengths (one key, a block, past a split, the whole cache) and GQA
+# groups:
+
+# %%
+def check_pallas_equals_reference(got, want, tol):
+    """CHECK (fails on a kernel that computes something else): the Pallas kernel's output
+    equals the reference's to `tol` (float32 summed in another order)."""
+    err = float(np.max(np.abs(np.asarray(got, np.float64) - np.asarray(want, np.float64))))
+    assert err <= tol, f"the Pallas kernel differs from the reference by {err:.2e} > {tol:.0e}"
+    return err
+
+
+PB, PK, PG, PS, PH = 4, 2, 4, 40, 16  # batch, KV heads, group, keys, head dim: tiny
+pq, pk, pv = (jax.random.normal(jax.random.key(i), shape) for i, shape in
+              enumerate([(PB, PK, PG, PH), (PB, PK, PS, PH), (PB, PK, PS, PH)]))
+plens = jnp.array([1, 8, 21, PS], jnp.int32)
+t0 = time.perf_counter()
+p_got = pallas.decode_attention(pq, pk, pv, plens, PH ** -0.5, block_k=4, split_k=8)
+p_want = pallas.reference_decode_attention(pq, pk, pv, plens, PH ** -0.5)
+err = check_pallas_equals_reference(p_got, p_want, 1e-5)
+print(f"{jax.default_backend()}, interpret={pallas.interpret_mode(None)}: grid (B, K, splits) "
+      f"= ({PB}, {PK}, {PS // 8}), blocks of 4 keys; max |kernel - reference| = {err:.1e} "
+      f"({time.perf_counter() - t0:.1f} s, compile included)")
+
+# %% [markdown]
+# **What the compiler would have done instead.** XLA compiles the reference as a few fused
+# loops whose boundaries go through memory: the scores [B, K, G, S] are written by the first
+# product and read back by the softmax and by the second product, and the work is split over
+# the batch and the heads only, so a batch-1 decode on a GPU has K programs' worth of
+# parallelism unless the compiler splits the reduction over S itself. The kernel fixes the
+# schedule by hand: one pass over K and V, the scores kept in registers, the keys split across
+# programs. The fused loops XLA made of the reference on this machine, and what each writes:
+
+# %%
+ref_hlo = jax.jit(pallas.reference_decode_attention).lower(
+    pq, pk, pv, plens, PH ** -0.5).compile().as_text()
+entry = ref_hlo[ref_hlo.index("ENTRY"):]
+fusions = [line.split("=")[1].split("fusion(")[0].strip() for line in entry.splitlines()
+           if " fusion(" in line]
+print(f"XLA:{jax.default_backend()} compiled the reference into {len(fusions)} fusions "
+      f"in its entry computation; their outputs:")
+for shape in fusions:
+    print("  ", shape)
+scores = sum(shape.startswith(f"f32[{PB},{PK},{PG},{PS}]") for shape in fusions)
+print(f"{scores} of them write a [B, K, G, S] array of scores (or of their exps) to memory, "
+      "for the next to read back; the kernel writes only [B, K, splits, G, H] partial outputs")
+
+# %% [markdown]
+# Timed only on an accelerator: on a CPU the kernel runs interpreted, each program a step of an
+# XLA loop, which measures the interpreter, not the kernel.
+
+# %%
+if jax.default_backend() == "cpu":
+    print("on a CPU: interpret mode is for correctness, not speed; not timed")
+else:
+    TB, TS = 8, 4096  # a decode batch over a 4k-token cache
+    tq, tk, tv = (jax.random.normal(jax.random.key(i), shape, jnp.bfloat16) for i, shape in
+                  enumerate([(TB, 8, 4, 128), (TB, 8, TS, 128), (TB, 8, TS, 128)]))
+    tlens = jnp.full((TB,), TS, jnp.int32)
+    for name, fn in (("pallas", pallas.decode_attention),
+                     ("xla", jax.jit(pallas.reference_decode_attention, static_argnums=4))):
+        jax.block_until_ready(fn(tq, tk, tv, tlens, 128 ** -0.5))  # compile
+        ts = []
+        for _ in range(20):
+            t = time.perf_counter()
+            jax.block_until_ready(fn(tq, tk, tv, tlens, 128 ** -0.5))
+            ts.append(time.perf_counter() - t)
+        med = statistics.median(ts)
+        print(f"{name:6s} {1e6 * med:8.1f} us, {2 * tk.nbytes / med / 1e9:6.0f} GB/s of K and V")
+
+# %% [markdown]
+# **The C++ kernels are the CPU case of the same ideas.** `refmodel/kernels/attend.cc`, the
+# native decode attention, is this kernel written for a CPU core: its jobs are (sequence, KV
+# head, chunk of keys), the grid; each reads its keys and values once, the G query heads of the
+# group together, the blocks; an online softmax keeps the running max and sum in registers and
+# the calling thread combines the chunks, flash-decoding's split; and `rows.cc`'s panels (step
+# 4) are its BlockSpecs chosen once and stored. What Pallas adds is that the grid and the
+# blocks are declared, and the compiler for each chip does the moving; what the C++ adds on a
+# CPU is what Pallas cannot express there (prefetch distances, pinned registers, XLA's thread
+# pool). `refmodel/pallas/paged.py` is the same kernel over the serving engine's pages (the
+# page id read from the table inside the kernel) and `grouped.py` the MoE's grouped matmul;
+# `backend="pallas"` runs all three in the model (`refmodel/backends/pallas.py`).

@@ -1,4 +1,4 @@
-"""The seam between the model and its fast paths: named ops, one dispatcher, four backends.
+"""The seam between the model and its fast paths: named ops, one dispatcher, five backends.
 
 The model files hold the reference computation, plain JAX a reader can follow. A step that a
 faster implementation may replace is a method marked `@ops.op("name")`: its body is the
@@ -16,6 +16,7 @@ reference (tests/test_backends.py).
     "xla"           the same ops laid out for XLA's CPU compiler (refmodel/backends/xla.py)
     "output-major"  "xla" with weight matrices stored [out, in], as ggml stores them
     "native"        the C++ kernels of refmodel/kernels where they apply, else "xla"
+    "pallas"        the Pallas kernels of refmodel/pallas where they apply, else "xla"
 
 What is an algorithm stays in the model and keeps its own count (MLA naive or absorbed, linear
 attention chunked or recurrent, the sliding ring); what sits behind the seam is an
@@ -33,13 +34,14 @@ import functools
 import math
 from collections.abc import Callable
 
-BACKENDS = ("reference", "xla", "output-major", "native")
+BACKENDS = ("reference", "xla", "output-major", "native", "pallas")
 # Who is asked, in order, before the reference runs.
 CHAIN: dict[str, tuple[str, ...]] = {
     "reference": (),
     "xla": ("xla",),
     "output-major": ("xla",),
     "native": ("native", "xla"),
+    "pallas": ("pallas", "xla"),
 }
 
 _IMPLS: dict[tuple[str, str], Callable] = {}  # (op, backend) -> implementation

@@ -34,6 +34,7 @@ BACKEND_NAMES = re.compile(r"kernel|native|backend|page|Panels|PagedKV|OutputMaj
 MOE_CHANGES = {"attention": "gqa", "n_layers": 2, "ffn_pattern": ("dense", "moe")}
 MOE = tiny(**MOE_CHANGES)
 BUILT = ["xla", "output-major"] + (["native"] if kernels.available() else [])
+PALLAS = ("every kind", "moe")  # the stacks holding the ops "pallas" has (gqa, sliding, moe)
 
 
 def test_without_the_backends_every_variant_runs_the_reference():
@@ -82,7 +83,7 @@ def test_every_backend_gives_the_references_logits(stack):
     ref = refmodel.init(cfg.replace(backend="reference"), seed=0)
     toks = tokens(cfg, 2, 2 * cfg.window + 3, seed=1)
     want = refmodel.forward(ref, toks)
-    for backend in BUILT:
+    for backend in BUILT + ["pallas"] * (stack in PALLAS):
         model = backends.use(ref, backend)
         assert model.cfg.backend == backend
         got = incremental_logits(model, toks, [3])
@@ -131,7 +132,7 @@ def test_one_module_decides_and_every_op_has_a_reference():
     assert {"gqa.attend", "gqa.attend_cache", "mla.attend_cache", "sparse.attend",
             "linear.decode", "moe.grouped"} <= set(ops)
     for name, impls in ops.items():
-        assert set(impls) <= {"xla", "native"}, (name, impls)
+        assert set(impls) <= {"xla", "native", "pallas"}, (name, impls)
     assert refmodel.ops.CHAIN["native"] == ("native", "xla")
     with pytest.raises(ValueError, match="backend='gpu' is not allowed; choose one of"):
         tiny(backend="gpu")

@@ -66,9 +66,10 @@ CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("variant", CONFIGS)
-def test_forward_equals_prefill_then_decode(variant):
-    cfg = tiny(**CONFIGS[variant])
+@pytest.mark.parametrize("backend", ["xla", "pallas"])  # "pallas": its decode kernels (mha)
+@pytest.mark.parametrize("variant", CONFIGS)  # and its grouped matmul (moe) in the golden test
+def test_forward_equals_prefill_then_decode(variant, backend):
+    cfg = tiny(**CONFIGS[variant], backend=backend)
     if cfg.ffn == "moe":
         assert cfg.layer_ffns == ("dense", "moe")
     assert_golden(cfg, 2, LENGTH, [5])

@@ -22,7 +22,8 @@ from microbench.schema import PHASE_NAMES
 BACKENDS = {"reference": "reference (the model files' own code)",
             "xla": "xla (XLA's layouts)",
             "output-major": "output-major (XLA, weights stored [out, in])",
-            "native": "native (the C++ kernels where they apply, else xla)"}
+            "native": "native (the C++ kernels where they apply, else xla)",
+            "pallas": "pallas (the Pallas kernels where they apply, else xla)"}
 
 
 def backends(points: Sequence[dict]) -> str:

@@ -4,10 +4,18 @@
     native.py   the C++ kernels of `refmodel/kernels` (float32 or int8 weights in panels, int8
                 or int4 weights with int8 activations in the integer dot kernel,
                 attention over caches and the engine's pages, MLA, sparse, linear, MoE)
+    pallas.py   the Pallas kernels of `refmodel/pallas` (decode attention over caches and the
+                engine's pages, the MoE grouped matmul): interpreted on a CPU, compiled on a
+                GPU or TPU
 
 A model's backend is its config field `backend` ("reference", "xla", "output-major",
-"native"); `use(model, backend)` gives a copy of a model on another one, the same weights
-stored as that backend wants them. Pallas kernels would be one more module here.
+"native", "pallas"); `use(model, backend)` gives a copy of a model on another one, the same
+weights stored as that backend wants them.
+
+The serving engine's pages (`PagedKV`) bring their own implementation of a decode step's
+attention whatever the model's backend (`ops.implements_type`); which kernel reads them is
+the layer's backend's choice, made here: the Pallas paged kernel for "pallas", else the
+native one.
 """
 
 from __future__ import annotations
@@ -18,8 +26,9 @@ import jax
 from flax import nnx
 
 from refmodel import kernels, ops
-from refmodel.backends import native, xla  # noqa: F401  (they register their ops)
+from refmodel.backends import native, pallas, xla  # noqa: F401  (they register their ops)
 from refmodel.backends.native import KERNEL_SCOPE, LATENT_SCOPE, SPARSE_SCOPE, reads_pages
+from refmodel.kernels.pages import PagedKV
 
 __all__ = ["CHOICES", "KERNEL_SCOPE", "LATENT_SCOPE", "SPARSE_SCOPE", "choose", "reads_pages",
            "use"]
@@ -27,12 +36,20 @@ __all__ = ["CHOICES", "KERNEL_SCOPE", "LATENT_SCOPE", "SPARSE_SCOPE", "choose", 
 CHOICES = ("auto",) + ops.BACKENDS  # what a benchmark or the engine may be told
 
 
+@ops.implements_type("gqa.attend_cache", PagedKV)
+def attend_pages(layer, q, cache, positions):
+    """A decode step over the engine's pages, by the kernel of the layer's backend."""
+    if "pallas" in ops.CHAIN[layer.cfg.backend]:
+        return pallas.gqa_attend_pages(layer, q, cache, positions)
+    return native.gqa_attend_pages(layer, q, cache, positions)
+
+
 def choose(backend: str, dtype: str = "float32", weight_format: str = "none",
            name: str = "backend") -> str:
     """The backend a run uses: "auto" is "native" on a CPU where the kernels build, for float32
     weights, else "xla"; any other choice is returned as it is, "native" only where the
-    kernels can run here (else a RuntimeError naming why). `name`: the option the caller's
-    errors name (the engine's "kernels")."""
+    kernels can run here (else a RuntimeError naming why), "pallas" anywhere (interpreted
+    on a CPU). `name`: the option the caller's errors name (the engine's "kernels")."""
     if backend not in CHOICES:
         raise ValueError(f"{name}={backend!r}: choose one of {CHOICES}")
     cpu = jax.default_backend() == "cpu"  # the kernels are XLA:CPU custom calls

@@ -123,9 +123,9 @@ def gqa_write_pages(layer, cache, k, v, start):
         return cache.write(k, v, start)
 
 
-@ops.implements_type("gqa.attend_cache", PagedKV)
 def gqa_attend_pages(layer, q, cache, positions):
-    """A decode step over the engine's pages where they lie (`attend.cc`)."""
+    """A decode step over the engine's pages where they lie (`attend.cc`); registered for
+    `PagedKV` in `refmodel.backends`, which picks the kernel by the layer's backend."""
     lens = jnp.broadcast_to(positions + 1, q.shape[:2])[:, 0]  # [B]
     with jax.named_scope(KERNEL_SCOPE):
         return cache.attend(q, layer.cfg.softmax_scale, lens)
