@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import assert_logits_close, incremental_logits, tiny, tokens
 from test_golden import STACKS
 
 import refmodel
+from conftest import assert_logits_close, incremental_logits, tiny, tokens
 from refmodel import attention, backends, kernels
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,9 +19,9 @@ the suite. (The FFN-only hybrid's "none" layers take the same path with a dense 
 from __future__ import annotations
 
 import pytest
-from conftest import assert_golden, tiny
 
 import refmodel
+from conftest import assert_golden, tiny
 
 KINDS = refmodel.attention.registered()
 W = tiny().window

@@ -24,10 +24,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny
 from flax import nnx
 
 import refmodel
+from conftest import tiny
 from refmodel import backends, kernels, pallas, phases
 from refmodel.kernels.pages import PagedKV
 from refmodel.pallas import blocks as pblocks

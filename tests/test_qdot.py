@@ -132,7 +132,7 @@ def test_weights_taken_together_equal_each_taken_alone(m, fmt):
     together = jax.jit(lambda x, ws: ops.contract_each(x, ws))(jnp.asarray(x), ws)
     assert "qrows_many" in jax.jit(lambda x, ws: ops.contract_each(x, ws)).lower(
         jnp.asarray(x), ws).as_text()
-    for y, w, q, s in zip(together, ws, qs, shapes):
+    for y, w, q, s in zip(together, ws, qs, shapes, strict=True):
         assert y.shape == (2, m) + s[1:]
         np.testing.assert_array_equal(np.asarray(y), np.asarray(ops.contract(jnp.asarray(x), w)))
         want = oracle(x.reshape(-1, 101), q).reshape(y.shape)
@@ -152,7 +152,7 @@ def test_weights_of_two_formats_or_inputs_are_taken_one_by_one():
 
     mixed = [panels(64, 32, "int8"), panels(64, 48, "int4")]
     assert qdot.QuantPanels.contract_each(x, mixed, 1) is NotImplemented
-    for y, w in zip(ops.contract_each(x, mixed), mixed):
+    for y, w in zip(ops.contract_each(x, mixed), mixed, strict=True):
         np.testing.assert_array_equal(np.asarray(y), np.asarray(x @ w))
     wide = panels(96, 32, "int8")
     assert qdot.QuantPanels.contract_each(x, [mixed[0], wide], 1) is NotImplemented

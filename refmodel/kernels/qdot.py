@@ -165,7 +165,8 @@ class QuantPanels:
         lead = x.shape[:x.ndim - axes]
         ys = qrows_each(x.reshape(-1, w0.k).astype(jnp.float32),
                         [(w.w, w.scale, w.n) for w in ws], w0.fmt)
-        return [y.astype(x.dtype).reshape(*lead, *w.shape[axes:]) for y, w in zip(ys, ws)]
+        return [y.astype(x.dtype).reshape(*lead, *w.shape[axes:])
+                for y, w in zip(ys, ws, strict=True)]
 
     def values(self) -> tuple[jax.Array, jax.Array]:
         """(the stored values as int32 [n_pad, n] without their offset, scale per output [n]
