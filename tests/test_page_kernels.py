@@ -11,11 +11,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import refmodel
+from conftest import tiny
 from refmodel import backends, kernels
 from refmodel.kernels import build
 from refmodel.kernels.pages import (
@@ -105,7 +105,9 @@ def test_engine_gather_option():
     assert Engine(model, num_pages=8, kernels="xla").layout.native is False
     auto = Engine(model, num_pages=8)
     assert auto.kernels == ("native" if kernels.available() else "xla")
-    assert auto.layout == Layout.of(model.cfg, 16, native=auto.kernels == "native")
+    native = auto.kernels == "native"
+    assert auto.layout == Layout.of(model.cfg, 16, native=native,
+                                    pages="native" if native else None)
 
 
 def attention_case(B, K, G, H, ps, n, seed):

@@ -32,6 +32,8 @@ from refmodel import backends, kernels, pallas, phases
 from refmodel.kernels.pages import PagedKV
 from refmodel.pallas import blocks as pblocks
 from refmodel.pallas.grouped import tile_groups
+from refmodel.serving.engine import Engine
+from refmodel.serving.request import Request
 
 # bfloat16 keeps 8 significant bits: each input is off by up to 2^-9 of itself, the output
 # is rounded once more, and the scores' errors pass through exp. Over these shapes (unit
@@ -239,7 +241,7 @@ def test_a_pallas_model_runs_the_kernels_at_decode(changes):
 @pytest.mark.parametrize("backend", ["pallas", "native"])
 def test_a_layer_over_pages_runs_its_backends_paged_kernel(backend):
     """A GQA layer handed `PagedKV` (pages scrambled) returns its contiguous decode's output,
-    through the Pallas paged kernel on "pallas" and the native one on "native"."""
+    through the kernel the pages name: the Pallas paged kernel or the native one."""
     if backend == "native" and not kernels.available():
         pytest.skip("native kernels not built")
     cfg = tiny(attention="gqa", backend=backend, n_layers=1)
@@ -256,9 +258,36 @@ def test_a_layer_over_pages_runs_its_backends_paged_kernel(backend):
     pages = [np.zeros((7, K, ps, H), np.float32) for _ in range(2)]
     for p, c in zip(pages, (cache.k, cache.v), strict=True):
         p[tables] = np.asarray(c).reshape(B, K, 3, ps, H).transpose(0, 2, 1, 3, 4)
-    paged = PagedKV(jnp.asarray(pages[0]), jnp.asarray(pages[1]), jnp.asarray(tables))
+    paged = PagedKV(jnp.asarray(pages[0]), jnp.asarray(pages[1]), jnp.asarray(tables),
+                    kernel=backend)
     got, _ = attn(x, start, paged)
     close(got, want, F32_TOL)
     text = str(jax.make_jaxpr(lambda p: attn(x, start, p)[0])(paged))
     assert ("name=paged_attention" in text) == (backend == "pallas")
-    assert backends.reads_pages(attn)
+    assert backends.reads_pages(attn, backend)
+
+
+def test_the_engine_on_pallas_kernels_decodes_as_on_xla(monkeypatch):
+    """Engine(kernels="pallas"): each decode step's GQA layers read their pages in place with
+    the Pallas paged kernel (counted as the step is traced), and the tokens equal the engine's
+    on XLA's gathered views. A bfloat16 layer reads its pages with the Pallas kernel too; the
+    native kernel takes float32 only."""
+    from refmodel.backends import pallas as pallas_backend
+
+    calls = []
+    real = pallas_backend.gqa_attend_pages
+    monkeypatch.setattr(pallas_backend, "gqa_attend_pages",
+                        lambda *a: calls.append(1) or real(*a))
+    model = refmodel.init(tiny(attention="gqa", n_layers=2), seed=0)
+    reqs = [Request(0, (1, 2, 3, 4, 5), 4, arrival=0.0), Request(1, (7, 8, 9), 4, arrival=0.0)]
+    outs = {}
+    for name in ("pallas", "xla"):
+        engine = Engine(model, num_pages=16, page_size=4, kernels=name)
+        assert engine.layout.pages == (None if name == "xla" else "pallas")
+        outs[name] = engine.run(reqs).outputs
+        assert bool(calls) == (name == "pallas")
+        calls.clear()
+    assert outs["pallas"] == outs["xla"]
+    half = refmodel.init(tiny(attention="gqa", n_layers=1, dtype="bfloat16"), seed=0)
+    assert backends.reads_pages(half.blocks[0].attn, "pallas")
+    assert not backends.reads_pages(half.blocks[0].attn, "native")

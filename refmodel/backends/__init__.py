@@ -14,8 +14,8 @@ weights stored as that backend wants them.
 
 The serving engine's pages (`PagedKV`) bring their own implementation of a decode step's
 attention whatever the model's backend (`ops.implements_type`); which kernel reads them is
-the layer's backend's choice, made here: the Pallas paged kernel for "pallas", else the
-native one.
+the engine's choice (`kernels`), which the pages carry: the Pallas paged kernel for
+"pallas", else the native one.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ import jax
 from flax import nnx
 
 from refmodel import kernels, ops
+from refmodel.attention.gqa import GroupedQueryAttention
 from refmodel.backends import native, pallas, xla  # noqa: F401  (they register their ops)
-from refmodel.backends.native import KERNEL_SCOPE, LATENT_SCOPE, SPARSE_SCOPE, reads_pages
+from refmodel.backends.native import KERNEL_SCOPE, LATENT_SCOPE, SPARSE_SCOPE
 from refmodel.kernels.pages import PagedKV
 
 __all__ = ["CHOICES", "KERNEL_SCOPE", "LATENT_SCOPE", "SPARSE_SCOPE", "choose", "reads_pages",
@@ -38,10 +39,20 @@ CHOICES = ("auto",) + ops.BACKENDS  # what a benchmark or the engine may be told
 
 @ops.implements_type("gqa.attend_cache", PagedKV)
 def attend_pages(layer, q, cache, positions):
-    """A decode step over the engine's pages, by the kernel of the layer's backend."""
-    if "pallas" in ops.CHAIN[layer.cfg.backend]:
+    """A decode step over the engine's pages, by the kernel the pages name (`PagedKV.kernel`:
+    the engine's `kernels`)."""
+    if cache.kernel == "pallas":
         return pallas.gqa_attend_pages(layer, q, cache, positions)
     return native.gqa_attend_pages(layer, q, cache, positions)
+
+
+def reads_pages(layer, kernel: str = "native") -> bool:
+    """Whether the serving engine may hand `layer` its pages in place (`PagedKV`) at decode
+    for `kernel` ("native": float32; "pallas": any float cache) to read: a layer running
+    GQA's own call with a plain softmax."""
+    gqa = type(layer).__call__ is GroupedQueryAttention.__call__
+    plain = (pallas.plain_softmax if kernel == "pallas" else native.plain_softmax)(layer.cfg)
+    return gqa and plain
 
 
 def choose(backend: str, dtype: str = "float32", weight_format: str = "none",

@@ -24,7 +24,6 @@ from flax import nnx
 
 from refmodel import kernels, ops
 from refmodel.attention.common import to_heads
-from refmodel.attention.gqa import GroupedQueryAttention
 from refmodel.kernels.latent import attend_latent
 from refmodel.kernels.pages import PagedKV
 from refmodel.kernels.prefill import attend_rows
@@ -99,12 +98,6 @@ def plain_softmax(cfg) -> bool:
             and cfg.attn_softcap is None and not cfg.attn_sinks)
 
 
-def reads_pages(layer) -> bool:
-    """Whether the serving engine may hand `layer` its pages in place (`PagedKV`) at decode:
-    a layer running GQA's own call, in the kernel's case."""
-    return type(layer).__call__ is GroupedQueryAttention.__call__ and plain_softmax(layer.cfg)
-
-
 @ops.implements("gqa.attend_within", "native")
 def gqa_attend_within(layer, q, k, v, positions):
     """A chunk over its own keys: key s is the chunk's token s, query t sees t + 1 of them."""
@@ -125,7 +118,7 @@ def gqa_write_pages(layer, cache, k, v, start):
 
 def gqa_attend_pages(layer, q, cache, positions):
     """A decode step over the engine's pages where they lie (`attend.cc`); registered for
-    `PagedKV` in `refmodel.backends`, which picks the kernel by the layer's backend."""
+    `PagedKV` in `refmodel.backends`, which picks the kernel the pages name."""
     lens = jnp.broadcast_to(positions + 1, q.shape[:2])[:, 0]  # [B]
     with jax.named_scope(KERNEL_SCOPE):
         return cache.attend(q, layer.cfg.softmax_scale, lens)

@@ -101,6 +101,7 @@ class PagedKV:
     k: jax.Array  # [P, K, page, H]
     v: jax.Array  # [P, K, page, H]
     tables: jax.Array  # [B, n]
+    kernel: str = struct.field(pytree_node=False, default="native")  # or "pallas": who reads
 
     def write(self, k: jax.Array, v: jax.Array, start: jax.Array) -> PagedKV:
         """The step's one key and value per row, k and v [B, K, 1, H], at position start [B]
@@ -113,5 +114,6 @@ class PagedKV:
                             v=self.v.at[at].set(v[:, :, 0].astype(self.v.dtype)))
 
     def attend(self, q: jax.Array, scale: float, lens: jax.Array) -> jax.Array:
-        """q [B, 1, K, G, H] over each row's first lens [B] tokens -> [B, 1, K, G, H]."""
+        """q [B, 1, K, G, H] over each row's first lens [B] tokens -> [B, 1, K, G, H], in the
+        native kernel (the Pallas one is `refmodel.backends.pallas.gqa_attend_pages`)."""
         return paged_attention(q[:, 0], self.k, self.v, self.tables, lens, scale)[:, None]

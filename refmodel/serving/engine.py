@@ -33,8 +33,10 @@ a plain softmax) a `PagedKV` instead: the layer writes its one new key and value
 page and attends over the pages where they lie (`refmodel.kernels.pages`, vLLM's
 PagedAttention for a CPU); other layers, and prefill chunks, get the view, gathered by the
 native kernel (rows of memcpy: XLA:CPU's gather moves the same bytes several times slower)
-or, with `kernels="xla"` or on an accelerator, by XLA. The serve benchmark measures each path
-against `Phases`' contiguous decode.
+or, with `kernels="xla"` or on an accelerator, by XLA. With `kernels="pallas"` (an
+accelerator's path; interpreted on a CPU) the decode layers read their pages in place with the
+Pallas paged kernel (`refmodel/pallas/paged.py`, any float cache) and views are XLA's. The
+serve benchmark measures each path against `Phases`' contiguous decode.
 
 One call per prefill chunk (B = 1, T padded to a power of two: extra causal tokens change
 nothing before them; a model with state layers, whose state would absorb padding, instead
@@ -105,10 +107,11 @@ class Layout:
     page_size: int
     leaves: tuple[Leaf, ...]
     treedefs: tuple  # per layer: the treedef of its variant cache (None: no mixer)
-    native: bool = False  # native page kernels on CPU (kernels/pages.py): gather, attention
+    native: bool = False  # the native gather of a view on CPU (kernels/pages.py)
+    pages: str | None = None  # who reads a decode layer's pages in place: "native", "pallas"
 
     @classmethod
-    def of(cls, cfg, page_size: int, native: bool = False) -> Layout:
+    def of(cls, cfg, page_size: int, native: bool = False, pages: str | None = None) -> Layout:
         a, b = page_size, 2 * page_size
         ca = jax.eval_shape(lambda: init_cache(cfg, 1, a))
         cb = jax.eval_shape(lambda: init_cache(cfg, 1, b))
@@ -124,7 +127,7 @@ class Layout:
                                      "token axis has max_len entries")
                 leaves.append(Leaf(i, j, grown[0] if grown else None, tuple(x.shape),
                                    str(x.dtype)))
-        return cls(page_size, tuple(leaves), tuple(treedefs), native)
+        return cls(page_size, tuple(leaves), tuple(treedefs), native, pages)
 
     @property
     def has_state(self) -> bool:
@@ -174,7 +177,7 @@ class Layout:
             if len(mine) != 2 or self.treedefs[layer].num_leaves != 2:
                 raise ValueError(f"layer {layer} reads pages but its cache has "
                                  f"{self.treedefs[layer].num_leaves} leaves, not (k, v)")
-            return PagedKV(*mine, tables)
+            return PagedKV(*mine, tables, kernel=self.pages)
         B, n = tables.shape
         leaves = []
         for lf, arr, x0 in zip(self.leaves, arrays, init, strict=True):
@@ -226,9 +229,11 @@ def token_index(lf: Leaf, page, off) -> tuple:
 
 TRACES = [0]  # how many times a step was traced (= compiled), over the process
 # How a step reads the pages: "native" (kernels/pages.py on CPU: decode attention in place
-# where a layer reads pages, else the native gather of a view), "xla" (XLA's gather of a
-# view, every layer), or "auto" (native on a CPU backend where the kernels build, else xla).
-KERNELS = ("auto", "native", "xla")
+# where a layer reads pages, else the native gather of a view), "pallas" (decode attention
+# in place by the Pallas paged kernel, refmodel/pallas/paged.py: the accelerators' path,
+# interpreted on a CPU; views gathered by XLA), "xla" (XLA's gather of a view, every layer),
+# or "auto" (native on a CPU backend where the kernels build, else xla).
+KERNELS = ("auto", "native", "pallas", "xla")
 
 
 @functools.lru_cache(maxsize=64)
@@ -262,7 +267,8 @@ def _step(graphdef, statedef, layout: Layout, greedy: bool, weights, arrays, ini
     x = model.embed_tokens(tokens, start)
     for i, block in enumerate(model.blocks):
         attn = getattr(block, "attn", None)
-        in_place = layout.native and T == 1 and attn is not None and backends.reads_pages(attn)
+        in_place = (layout.pages is not None and T == 1 and attn is not None
+                    and backends.reads_pages(attn, layout.pages))
         view = layout.gather(arrays, init, tables, slots, fresh, i, in_place)
         x, view = block.mix(x, start, view)
         if view is not None:
@@ -304,7 +310,8 @@ class Engine:
             raise ValueError(f"kernels={kernels!r}: choose one of {KERNELS}")
         # the page kernels read float32 pages: "auto" as for float32 weights
         self.kernels = backends.choose(kernels, name="kernels")
-        self.layout = Layout.of(cfg, page_size, native=self.kernels == "native")
+        in_place = self.kernels if self.kernels in ("native", "pallas") else None
+        self.layout = Layout.of(cfg, page_size, native=self.kernels == "native", pages=in_place)
         state_layers = self.layout.has_state
         if prefix_cache and state_layers:
             raise ValueError(
