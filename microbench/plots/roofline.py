@@ -219,11 +219,13 @@ def roofline_figure(results: Sequence[dict], title: str | None = None) -> Figure
                  "algorithmic.", fontsize=10)
     handles, labels = ax.get_legend_handles_labels()
     # two columns of long labels, each wrapped so neither runs past the figure's edge
+    # the machine line heads the legend: as a separate footer it shared the bottom margin with
+    # the legend and was drawn over its last row
+    made = "; ".join(f"{r['machine']}: " * (len(results) > 1) + made_by(r.get("environment"))
+                     for r in results)
     fig.legend(handles, [textwrap.fill(label, 78) for label in labels],
-               loc="outside lower center", ncol=2, frameon=False, fontsize=8)
-    fig.supxlabel("; ".join(f"{r['machine']}: " * (len(results) > 1)
-                            + made_by(r.get("environment")) for r in results),
-                  fontsize=9, ha="left", x=0.01)
+               loc="outside lower center", ncol=2, frameon=False, fontsize=8,
+               title=textwrap.fill(made, 150), title_fontsize=9)
     _slide_roof_names(ax)
     return fig
 
