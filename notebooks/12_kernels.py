@@ -881,11 +881,12 @@ print(inspect.getsource(pallas.reference_decode_attention))
 # its keys in blocks of `block_k`, and `online_step` folds each block into a running max m, a
 # running sum l and an unnormalised output acc (FlashAttention's online softmax): each key and
 # value is read once and the scores of the whole cache never exist. Each split writes its
-# (acc, m, l); `combine` rescales them into one softmax. Blocks past lens[b] are never read.
+# (acc, m, l) (`split_outputs`: their blocks and shapes); `combine` rescales them into one
+# softmax. Blocks past lens[b] are never read.
 
 # %%
 for fn in (pallas_decode.online_step, pallas_decode._kernel, pallas_decode.combine,
-           pallas_decode.decode_attention):
+           pallas_decode.split_outputs, pallas_decode.decode_attention):
     print(inspect.getsource(fn))
 
 # %% [markdown]

@@ -306,3 +306,28 @@ class MoE(nnx.Module):
 # top-k weights is a sum and a divide per pair.
 SCORE_FLOPS = {"softmax": SOFTMAX_FLOPS, "sigmoid": SIGMOID_FLOPS}
 TOPK_NORM_FLOPS = 2
+
+
+def grouped_ffn(layer, xs: jax.Array, sizes: jax.Array, product) -> jax.Array:
+    """The expert FFN of `moe.grouped` with each expert matrix as one grouped product over
+    every expert's rows sorted by expert: `product(w [E, in, out], rows [R, in], sizes)` ->
+    [R, out] (a backend's kernel). Biases and the activation as the reference; rows past
+    sum(sizes) stay zero."""
+    cfg = layer.cfg
+    if cfg.moe_bias:  # each row's expert (E past the last group: a zero bias)
+        expert = jnp.searchsorted(jnp.cumsum(sizes), jnp.arange(xs.shape[0]), side="right",
+                                  method="compare_all")
+
+        def bias(b):  # b [E, n] -> [R, n]
+            return jnp.take(b, expert, axis=0, mode="fill", fill_value=0)
+
+    def run(name, h):
+        y = product(getattr(layer, name)[...], h, sizes)
+        return y + bias(getattr(layer, "b" + name[1:])[...]) if cfg.moe_bias else y
+
+    with jax.named_scope("ffn_up"):
+        up = run("w_up", xs)  # [R, F]
+        h = (activation(cfg.mlp_act, run("w_gate", xs)) * up if cfg.mlp_act in GATED
+             else activation(cfg.mlp_act, up))
+    with jax.named_scope("ffn_down"):
+        return run("w_down", h)  # [R, D]

@@ -31,7 +31,7 @@ from refmodel.kernels.qdot import QuantPanels
 from refmodel.kernels.recurrence import state_step
 from refmodel.kernels.rows import OutputMajor, Panels
 from refmodel.kernels.sparse import sparse_attend
-from refmodel.layers import GATED, activation
+from refmodel.moe import grouped_ffn
 from refmodel.quant import Quantized, dense, matrices
 
 # The named scope of a kernel that computes scores, softmax and values in one pass: the ops it
@@ -209,24 +209,7 @@ def moe_grouped(layer, xs, sizes, pairs=None):
     fused MoE read it. Rows past sum(sizes) stay zero."""
     if not isinstance(layer.w_up[...], Panels):
         return NotImplemented
-    cfg = layer.cfg
-    if cfg.moe_bias:  # each row's expert (E past the last group: a zero bias)
-        expert = jnp.searchsorted(jnp.cumsum(sizes), jnp.arange(xs.shape[0]), side="right",
-                                  method="compare_all")
-
-        def bias(b):  # b [E, n] -> [R, n]
-            return jnp.take(b, expert, axis=0, mode="fill", fill_value=0)
-
-    def product(name, h):
-        y = getattr(layer, name)[...].grouped(h, sizes)
-        return y + bias(getattr(layer, "b" + name[1:])[...]) if cfg.moe_bias else y
-
-    with jax.named_scope("ffn_up"):
-        up = product("w_up", xs)  # [R, F]
-        h = (activation(cfg.mlp_act, product("w_gate", xs)) * up if cfg.mlp_act in GATED
-             else activation(cfg.mlp_act, up))
-    with jax.named_scope("ffn_down"):
-        return product("w_down", h)  # [R, D]
+    return grouped_ffn(layer, xs, sizes, lambda w, h, sizes: w.grouped(h, sizes))
 
 
 ops.provide("native")

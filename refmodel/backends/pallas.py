@@ -23,7 +23,8 @@ import jax.numpy as jnp
 
 from refmodel import ops
 from refmodel.backends.native import KERNEL_SCOPE
-from refmodel.layers import GATED, activation
+from refmodel.layers import GATED
+from refmodel.moe import grouped_ffn
 from refmodel.pallas import (
     decode_attention,
     grouped_matmul,
@@ -83,22 +84,7 @@ def moe_grouped(layer, xs, sizes, pairs=None):
     names = ("w_gate", "w_up", "w_down") if cfg.mlp_act in GATED else ("w_up", "w_down")
     if not all(isinstance(getattr(layer, n)[...], jax.Array) for n in names):
         return NotImplemented
-    if cfg.moe_bias:  # each row's expert (E past the last group: a zero bias)
-        expert = jnp.searchsorted(jnp.cumsum(sizes), jnp.arange(xs.shape[0]), side="right")
-
-        def bias(b):  # b [E, n] -> [M, n]
-            return jnp.take(b, expert, axis=0, mode="fill", fill_value=0)
-
-    def product(name, h):
-        y = grouped_matmul(h, getattr(layer, name)[...], sizes)
-        return y + bias(getattr(layer, "b" + name[1:])[...]) if cfg.moe_bias else y
-
-    with jax.named_scope("ffn_up"):
-        up = product("w_up", xs)  # [M, F]
-        h = (activation(cfg.mlp_act, product("w_gate", xs)) * up if cfg.mlp_act in GATED
-             else activation(cfg.mlp_act, up))
-    with jax.named_scope("ffn_down"):
-        return product("w_down", h)  # [M, D]
+    return grouped_ffn(layer, xs, sizes, lambda w, h, sizes: grouped_matmul(h, w, sizes))
 
 
 ops.provide("pallas")

@@ -74,6 +74,17 @@ def combine(acc, m, l, dtype):
     return o.astype(dtype)
 
 
+def split_outputs(B, K, splits, Gp, H) -> dict:
+    """The `pallas_call` outputs of a grid (B, K, splits) whose program (b, h, s) writes its
+    split's partial softmax: acc [B, K, splits, Gp, H], m and l [B, K, splits, Gp], float32."""
+    part = pl.BlockSpec((None, None, None, Gp), lambda b, h, s: (b, h, s, 0))
+    return {"out_specs": [pl.BlockSpec((None, None, None, Gp, H),
+                                       lambda b, h, s: (b, h, s, 0, 0)), part, part],
+            "out_shape": [jax.ShapeDtypeStruct((B, K, splits, Gp, H), jnp.float32),
+                          jax.ShapeDtypeStruct((B, K, splits, Gp), jnp.float32),
+                          jax.ShapeDtypeStruct((B, K, splits, Gp), jnp.float32)]}
+
+
 def pad_heads(q, min_rows):
     """q [..., G, H] with G padded to a multiple of min_rows (a GPU's dot wants >= 16 rows)."""
     G = q.shape[-2]
@@ -97,18 +108,13 @@ def decode_attention(q, k, v, lens, scale, *, interpret=None, block_k=None, spli
     qp = pad_heads(q, cfg["min_rows"])
     Gp = qp.shape[2]
     kv = pl.BlockSpec((None, None, span, H), lambda b, h, s: (b, h, s, 0))
-    part = pl.BlockSpec((None, None, None, Gp), lambda b, h, s: (b, h, s, 0))
     acc, m, l = pl.pallas_call(
         functools.partial(_kernel, scale=scale, block_k=bk),
         grid=(B, K, splits),
         in_specs=[pl.BlockSpec((1,), lambda b, h, s: (b,)),  # lens
                   pl.BlockSpec((None, None, Gp, H), lambda b, h, s: (b, h, 0, 0)),  # q
                   kv, kv],
-        out_specs=[pl.BlockSpec((None, None, None, Gp, H), lambda b, h, s: (b, h, s, 0, 0)),
-                   part, part],
-        out_shape=[jax.ShapeDtypeStruct((B, K, splits, Gp, H), jnp.float32),
-                   jax.ShapeDtypeStruct((B, K, splits, Gp), jnp.float32),
-                   jax.ShapeDtypeStruct((B, K, splits, Gp), jnp.float32)],
+        **split_outputs(B, K, splits, Gp, H),
         interpret=interpret_mode(interpret),
         name="decode_attention",
     )(lens, qp, k, v)

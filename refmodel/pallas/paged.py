@@ -32,6 +32,7 @@ from refmodel.pallas.decode import (
     online_step,
     pad_heads,
     reference_decode_attention,
+    split_outputs,
 )
 
 
@@ -73,7 +74,6 @@ def paged_attention(q, k_pages, v_pages, tables, lens, scale, *, interpret=None,
     qp = pad_heads(q, cfg["min_rows"])
     Gp = qp.shape[2]
     pool = pl.BlockSpec((P, None, page, H), lambda b, h, s: (0, h, 0, 0))
-    part = pl.BlockSpec((None, None, None, Gp), lambda b, h, s: (b, h, s, 0))
     acc, m, l = pl.pallas_call(
         functools.partial(_kernel, scale=scale),
         grid=(B, K, splits),
@@ -81,11 +81,7 @@ def paged_attention(q, k_pages, v_pages, tables, lens, scale, *, interpret=None,
                   pl.BlockSpec((None, per), lambda b, h, s: (b, s)),  # this split's pages
                   pl.BlockSpec((None, None, Gp, H), lambda b, h, s: (b, h, 0, 0)),  # q
                   pool, pool],
-        out_specs=[pl.BlockSpec((None, None, None, Gp, H), lambda b, h, s: (b, h, s, 0, 0)),
-                   part, part],
-        out_shape=[jax.ShapeDtypeStruct((B, K, splits, Gp, H), jnp.float32),
-                   jax.ShapeDtypeStruct((B, K, splits, Gp), jnp.float32),
-                   jax.ShapeDtypeStruct((B, K, splits, Gp), jnp.float32)],
+        **split_outputs(B, K, splits, Gp, H),
         interpret=interpret_mode(interpret),
         name="paged_attention",
     )(lens, tables, qp, k_pages, v_pages)
