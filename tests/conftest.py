@@ -84,6 +84,30 @@ def incremental_logits(model, toks, chunks: list[int], max_len: int | None = Non
     return jnp.concatenate(out, axis=1)
 
 
+PAGED_TABLES = np.array([[4, 0, 6], [2, 5, 1]], np.int32)  # 2 rows x 3 pages, out of order
+
+
+def decode_over_pages(attn, cfg, kind: str, kernel: str = "native", seed: int = 0):
+    """A decode step's inputs for a GQA-family layer, and its cache both ways: x [2, 1, D],
+    start (position 9: 9 cached tokens), the contiguous cache (random, 12 slots) and the same
+    keys and values scattered into 7 pages of 4 tokens by PAGED_TABLES, as a `PagedKV` read by
+    `kernel`. Returns (x, start, cache, paged)."""
+    from refmodel.kernels.pages import PagedKV
+
+    B, S, ps = 2, 9, 4
+    rng = np.random.default_rng(seed)
+    cache = attn.init_cache(cfg, kind, B, 3 * ps)
+    cache = jax.tree.map(lambda c: jnp.asarray(rng.standard_normal(c.shape), c.dtype), cache)
+    x = jnp.asarray(rng.standard_normal((B, 1, cfg.d_model)), jnp.float32)
+    K, H = cache.k.shape[1], cache.k.shape[3]
+    pages = [np.zeros((7, K, ps, H), np.float32) for _ in range(2)]
+    for p, c in zip(pages, (cache.k, cache.v), strict=True):  # [B, K, 12, H] -> pages
+        p[PAGED_TABLES] = np.asarray(c).reshape(B, K, 3, ps, H).transpose(0, 2, 1, 3, 4)
+    paged = PagedKV(jnp.asarray(pages[0]), jnp.asarray(pages[1]), jnp.asarray(PAGED_TABLES),
+                    kernel=kernel)
+    return x, jnp.full((B,), S, jnp.int32), cache, paged
+
+
 def assert_close(a, b, tol: float = 1e-5):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=tol, atol=tol)
 

@@ -15,11 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import refmodel
-from conftest import tiny
+from conftest import PAGED_TABLES, decode_over_pages, tiny
 from refmodel import backends, kernels
 from refmodel.kernels import build
 from refmodel.kernels.pages import (
-    PagedKV,
     gather_pages,
     gather_pages_native,
     gather_pages_xla,
@@ -202,20 +201,10 @@ def test_a_layer_decoding_over_pages_equals_its_contiguous_decode(kind):
     model = refmodel.init(cfg, seed=0)
     attn = model.blocks[0].attn
     assert backends.reads_pages(attn)
-    B, S, ps = 2, 9, 4  # 9 cached tokens, the step's at position 9: 3 pages per row
-    rng = np.random.default_rng(0)
-    cache = attn.init_cache(cfg, kind, B, 3 * ps)
-    cache = jax.tree.map(lambda c: jnp.asarray(rng.standard_normal(c.shape), c.dtype), cache)
-    x = jnp.asarray(rng.standard_normal((B, 1, cfg.d_model)), jnp.float32)
-    start = jnp.full((B,), S, jnp.int32)
+    x, start, cache, pages = decode_over_pages(attn, cfg, kind)
     want, want_cache = attn(x, start, cache)
-    tables = np.array([[4, 0, 6], [2, 5, 1]], np.int32)
-    K, H = cache.k.shape[1], cache.k.shape[3]
-    pages = [np.zeros((7, K, ps, H), np.float32) for _ in range(2)]
-    for p, c in zip(pages, (cache.k, cache.v), strict=True):  # [B, K, 12, H] -> pages
-        p[tables] = np.asarray(c).reshape(B, K, 3, ps, H).transpose(0, 2, 1, 3, 4)
-    got, paged = attn(x, start, PagedKV(jnp.asarray(pages[0]), jnp.asarray(pages[1]),
-                                        jnp.asarray(tables)))
+    got, paged = attn(x, start, pages)
+    S, ps, tables = 9, 4, PAGED_TABLES
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
     for p, c in zip((paged.k, paged.v), (want_cache.k, want_cache.v), strict=True):
         np.testing.assert_allclose(np.asarray(p)[tables[:, 2], :, S % ps],

@@ -27,9 +27,8 @@ import pytest
 from flax import nnx
 
 import refmodel
-from conftest import tiny
+from conftest import decode_over_pages, tiny
 from refmodel import backends, kernels, pallas, phases
-from refmodel.kernels.pages import PagedKV
 from refmodel.pallas import blocks as pblocks
 from refmodel.pallas.grouped import tile_groups
 from refmodel.serving.engine import Engine
@@ -246,20 +245,8 @@ def test_a_layer_over_pages_runs_its_backends_paged_kernel(backend):
         pytest.skip("native kernels not built")
     cfg = tiny(attention="gqa", backend=backend, n_layers=1)
     attn = refmodel.init(cfg, seed=0).blocks[0].attn
-    B, S, ps = 2, 9, 4
-    rng = np.random.default_rng(0)
-    cache = attn.init_cache(cfg, "gqa", B, 3 * ps)
-    cache = jax.tree.map(lambda c: jnp.asarray(rng.standard_normal(c.shape), c.dtype), cache)
-    x = jnp.asarray(rng.standard_normal((B, 1, cfg.d_model)), jnp.float32)
-    start = jnp.full((B,), S, jnp.int32)
+    x, start, cache, paged = decode_over_pages(attn, cfg, "gqa", kernel=backend)
     want, _ = attn(x, start, cache)
-    tables = np.array([[4, 0, 6], [2, 5, 1]], np.int32)
-    K, H = cache.k.shape[1], cache.k.shape[3]
-    pages = [np.zeros((7, K, ps, H), np.float32) for _ in range(2)]
-    for p, c in zip(pages, (cache.k, cache.v), strict=True):
-        p[tables] = np.asarray(c).reshape(B, K, 3, ps, H).transpose(0, 2, 1, 3, 4)
-    paged = PagedKV(jnp.asarray(pages[0]), jnp.asarray(pages[1]), jnp.asarray(tables),
-                    kernel=backend)
     got, _ = attn(x, start, paged)
     close(got, want, F32_TOL)
     text = str(jax.make_jaxpr(lambda p: attn(x, start, p)[0])(paged))

@@ -139,6 +139,12 @@ def load() -> bool:
     return library() is not None
 
 
+def require() -> None:
+    """`load()`, or a RuntimeError saying why the kernels cannot run here (`why_not`)."""
+    if not load():
+        raise RuntimeError(f"the native kernels are not available: {why_not()}")
+
+
 def why_not() -> str | None:
     """Why `load()` returned False; None when the kernels are loaded (or not yet tried)."""
     return _why_not[-1] if _why_not else None

@@ -34,8 +34,7 @@ def attend_latent(q_nope: jax.Array, q_rope: jax.Array, w: jax.Array, latent: ja
         raise ValueError(f"attend_latent: float32 q_nope [B, N, P], q_rope [B, N, Q], w [R, N, "
                          f"P + U], latent [B, S, R], k_rope [B, S, Q] and lens [B]; got {got}, "
                          f"lens {list(lens.shape)}")
-    if not build.load():
-        raise RuntimeError(f"the native kernels are not available: {build.why_not()}")
+    build.require()
     out = jax.ShapeDtypeStruct((B, N, w.shape[2] - P), jnp.float32)
     return jax.ffi.ffi_call(build.TARGETS["AttendLatentF32"], out, vmap_method="sequential")(
         q_nope, q_rope, w, latent, k_rope, lens.astype(jnp.int32), scale=np.float32(scale))

@@ -52,8 +52,7 @@ def gather_pages_native(arr: jax.Array, tables: jax.Array, axis: int) -> jax.Arr
         raise ValueError(f"gather_pages: pages [P, ...] with the token axis at 1..{len(page)}"
                          f" and tables int32 [B, n]; got axis={axis}, tables "
                          f"{tables.dtype}{list(tables.shape)}")
-    if not build.load():
-        raise RuntimeError(f"the native kernels are not available: {build.why_not()}")
+    build.require()
     pre = axis - 1
     out = jax.ShapeDtypeStruct((B, *page[:pre], n * page[pre], *page[pre + 1:]), arr.dtype)
     return jax.ffi.ffi_call(build.TARGETS["GatherPagesAny"], out, vmap_method="sequential")(
@@ -83,8 +82,7 @@ def paged_attention(q: jax.Array, k: jax.Array, v: jax.Array, tables: jax.Array,
                          f"[P, K, page, H], tables [B, n], lens [B]; got q {q.dtype}"
                          f"{list(q.shape)}, k {k.dtype}{list(k.shape)}, v {list(v.shape)}, "
                          f"tables {list(tables.shape)}, lens {list(lens.shape)}")
-    if not build.load():
-        raise RuntimeError(f"the native kernels are not available: {build.why_not()}")
+    build.require()
     out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
     return jax.ffi.ffi_call(build.TARGETS["PagedAttentionF32"], out, vmap_method="sequential")(
         q, k, v, tables.astype(jnp.int32), lens.astype(jnp.int32), scale=np.float32(scale))

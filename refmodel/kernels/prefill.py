@@ -30,8 +30,7 @@ def attend_rows(q: jax.Array, k: jax.Array, v: jax.Array, lens: jax.Array,
                          f"H], lens [B, T]; got q {q.dtype}{list(q.shape)}, k {k.dtype}"
                          f"{list(k.shape)}, v {v.dtype}{list(v.shape)}, lens "
                          f"{list(lens.shape)}")
-    if not build.load():
-        raise RuntimeError(f"the native kernels are not available: {build.why_not()}")
+    build.require()
     out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
     return jax.ffi.ffi_call(build.TARGETS["AttendRowsF32"], out, vmap_method="sequential")(
         q, k, v, lens.astype(jnp.int32), scale=np.float32(scale))

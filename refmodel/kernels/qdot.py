@@ -76,8 +76,7 @@ def _check(x, wp, scale, n, fmt) -> None:
                          f"n_in] and w uint8 {list(want)} for n_in={n_in}, n={n}; got fmt="
                          f"{fmt!r}, x {x.dtype}{list(x.shape)}, w {wp.dtype}{list(wp.shape)}, "
                          f"scale {None if scale is None else list(scale.shape)}")
-    if not build.load():
-        raise RuntimeError(f"the native kernels are not available: {build.why_not()}")
+    build.require()
 
 
 def qrows(x: jax.Array, wp: jax.Array, scale: jax.Array | None, n: int, fmt: str) -> jax.Array:

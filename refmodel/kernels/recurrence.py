@@ -33,8 +33,7 @@ def state_step(state: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, g: ja
         got = ", ".join(f"{n} {a.dtype}{list(a.shape)}" for n, a in arrays.items())
         raise ValueError(f"state_step: float32 state [B, K G, H, U], q and k [B, K, H], v [B, "
                          f"K, G, U], g and beta [B, K, G]; got {got}")
-    if not build.load():
-        raise RuntimeError(f"the native kernels are not available: {build.why_not()}")
+    build.require()
     out = (jax.ShapeDtypeStruct(v.shape, jnp.float32),
            jax.ShapeDtypeStruct(state.shape, jnp.float32))
     return jax.ffi.ffi_call(build.TARGETS["StateStepF32"], out, vmap_method="sequential",

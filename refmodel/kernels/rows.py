@@ -79,8 +79,7 @@ def rows(x: jax.Array, wp: jax.Array, n: int, scale: jax.Array | None = None,
                          f"got x {x.dtype}{list(x.shape)}, w {wp.dtype}{list(wp.shape)} and "
                          f"n={n}")
     _check_scale("rows", wp, scale, (*stack, n))
-    if not build.load():
-        raise RuntimeError(f"the native kernels are not available: {build.why_not()}")
+    build.require()
     out = jax.ShapeDtypeStruct((M, n), jnp.float32)
     name = ("RowsAt" if stack else "Rows") + ("I8" if int8 else "F32")
     args = (x, wp) + ((scale,) if int8 else ()) + (
@@ -107,8 +106,7 @@ def rows_groups(x: jax.Array, wp: jax.Array, n: int, sizes: jax.Array,
                          f"x {x.dtype}{list(x.shape)}, w {wp.dtype}{list(wp.shape)}, sizes "
                          f"{sizes.dtype}{list(sizes.shape)} and n={n}")
     _check_scale("rows_groups", wp, scale, (wp.shape[0], n))
-    if not build.load():
-        raise RuntimeError(f"the native kernels are not available: {build.why_not()}")
+    build.require()
     out = jax.ShapeDtypeStruct((M, n), jnp.float32)
     name = "RowsGroups" + ("I8" if int8 else "F32")
     args = (x, wp) + ((scale,) if int8 else ()) + (sizes.astype(jnp.int32),)

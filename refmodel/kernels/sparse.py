@@ -34,8 +34,7 @@ def sparse_attend(q: jax.Array, k: jax.Array, v: jax.Array, q_idx: jax.Array, w_
         raise ValueError(f"sparse_attend: float32 q [B, T, K, G, H], k and v [B, K, S, H], "
                          f"q_idx [B, T, I, J], w_idx [B, T, I], k_idx [B, S, J], lens [B, T] "
                          f"and top_k >= 1; got {got}, lens {list(lens.shape)}, top_k={top_k}")
-    if not build.load():
-        raise RuntimeError(f"the native kernels are not available: {build.why_not()}")
+    build.require()
     out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
     return jax.ffi.ffi_call(build.TARGETS["SparseAttendF32"], out, vmap_method="sequential")(
         q, k, v, q_idx, w_idx, k_idx, lens.astype(jnp.int32), top_k=np.int64(top_k),
