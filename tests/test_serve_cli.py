@@ -57,7 +57,16 @@ def test_quick_serve_writes_results_and_figures(tmp_path):
     assert d["kernels"] in ("native", "xla") and ("xla" in d) == (d["kernels"] == "native")
     assert r["peer"]["error"].startswith("not asked")
     text = (out / "serve.md").read_text()
-    assert "Highest swept rate with >= 90% SLO attainment" in text and "Same trace at" in text
+    # the verdict follows the data: on a loaded machine no swept rate may meet the target
+    target = r["setup"].get("attainment_target", 0.9)
+    met = any(_window_attainment(x) >= target for x in policy)
+    verdict = ("Highest swept rate with >= 90% SLO attainment" if met
+               else "No policy kept 90% of requests within the SLOs at any swept rate")
+    assert verdict in text and "Same trace at" in text
+
+
+def _window_attainment(run):
+    return run["steady"].get("slo_attainment", 0)
 
 
 @pytest.mark.parametrize(("args", "message"), [
