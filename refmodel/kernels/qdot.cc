@@ -90,22 +90,71 @@ static inline ivec ibcast(const int8_t* p) {  // 4 bytes of x in every lane
   return ivec{} + v;
 }
 
+// Lanes rounded to the nearest integer, ties to even (std::nearbyint, jnp.round).
+static inline vec vrint(vec v) {
+#if defined(__AVX512F__)
+  return (vec)_mm512_roundscale_ps((__m512)v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#elif defined(__AVX__)
+  return (vec)_mm256_round_ps((__m256)v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+  for (int64_t l = 0; l < VL; l++) v[l] = std::nearbyint(v[l]);
+  return v;
+#endif
+}
+
+static inline float hmax(vec v) {
+#if defined(__AVX512F__)
+  return _mm512_reduce_max_ps((__m512)v);
+#else
+  float m = v[0];
+  for (int64_t l = 1; l < VL; l++) m = std::max(m, v[l]);
+  return m;
+#endif
+}
+
+static inline int32_t hsum_int(ivec v) {
+#if defined(__AVX512F__)
+  return _mm512_reduce_add_epi32((__m512i)v);
+#else
+  int32_t s = 0;
+  for (int64_t l = 0; l < VL; l++) s += v[l];
+  return s;
+#endif
+}
+
 // One row of x rounded to int8 per block: xq [n_pad], sx [G], corr [G] = off * sum(xq).
+// Vectors of VL lanes (a scalar loop took 4.5 us for 4096 inputs, a sixtieth of the down
+// projection it feeds); the numbers are round_activations' own: x / s, ties to even.
 static void round_row(const float* x, int64_t n_in, int64_t n_pad, int32_t off, int8_t* xq,
                       float* sx, int32_t* corr) {
+  typedef int8_t bvec __attribute__((vector_size(VL), aligned(1)));
+  constexpr int64_t NV = QB / VL;
   for (int64_t g = 0; g < n_pad / QB; g++) {
-    const int64_t lo = g * QB, hi = std::min(n_in, lo + QB);
-    float amax = 0.0f;
-    for (int64_t k = lo; k < hi; k++) amax = std::max(amax, std::fabs(x[k]));
+    const int64_t lo = g * QB, n = std::min<int64_t>(n_in - lo, QB);
+    vec b[NV];  // the block, zero-padded past n_in
+    if (n == QB) {
+      for (int64_t v = 0; v < NV; v++) b[v] = *(const vec*)(x + lo + v * VL);
+    } else {
+      for (int64_t k = 0; k < QB; k++) b[k / VL][k % VL] = k < n ? x[lo + k] : 0.0f;
+    }
+    vec m = vec{};
+    for (int64_t v = 0; v < NV; v++) {
+      const vec a = b[v] < 0 ? -b[v] : b[v];
+      m = a > m ? a : m;
+    }
+    const float amax = hmax(m);
     const float s = amax > 0.0f ? amax / 127.0f : 1.0f;
-    int32_t sum = 0;
-    for (int64_t k = lo; k < lo + QB; k++) {
-      const float r = k < hi ? std::nearbyint(x[k] / s) : 0.0f;  // half to even, as jnp.round
-      xq[k] = int8_t(std::clamp(r, -127.0f, 127.0f));
-      sum += xq[k];
+    ivec sum = ivec{};
+    for (int64_t v = 0; v < NV; v++) {
+      vec r = vrint(b[v] / s);
+      r = r > 127.0f ? vec{} + 127.0f : r;
+      r = r < -127.0f ? vec{} - 127.0f : r;
+      const ivec q = __builtin_convertvector(r, ivec);
+      *(bvec*)(xq + lo + v * VL) = __builtin_convertvector(q, bvec);
+      sum += q;
     }
     sx[g] = s;
-    corr[g] = off * sum;
+    corr[g] = off * hsum_int(sum);
   }
 }
 
