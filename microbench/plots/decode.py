@@ -248,6 +248,16 @@ def _times(x) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
 
+def _dispatch_text(result: dict) -> str:
+    mode = result.get("dispatch")
+    if mode is None:
+        return ""
+    if mode == "inline":
+        return (" Our jitted calls run inline on the calling thread (JAX's CPU async dispatch "
+                "off), as llama.cpp's step runs.")
+    return f" Our jitted calls: {mode}."
+
+
 def decode_summary(result: dict) -> str:
     """The race as markdown tables: every program per batch, every pair of formats with its
     rounds, bits per weight and share of the read, then the formats, the products alone, the
@@ -262,7 +272,8 @@ def decode_summary(result: dict) -> str:
              f"Memory roof: {result['read_program']}, median "
              f"{result['read']['median'] / 1e9:.1f} GB/s over rounds "
              f"(spread {_fmt(result['read']['spread'] and 100 * result['read']['spread'], '.0f')}"
-             "%). Ratios are taken inside each round, then the median over rounds.", "",
+             "%). Ratios are taken inside each round, then the median over rounds."
+             + _dispatch_text(result), "",
              "| ours | batch | step ms | bound | of roof | bytes/s over C read | vs llama.cpp |"
              " vs transformers |" + (" weight bytes/s over C read |" if formats else ""),
              "|---" * (8 + formats) + "|"]
