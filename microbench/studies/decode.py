@@ -218,11 +218,11 @@ class _Ours:
 
 def inline_dispatch() -> str:
     """Have JAX run each jitted call on the calling thread ("inline"; its CPU client's async
-    dispatch off), as llama.cpp runs its step: with async dispatch the host's work after a
-    call is queued (its outputs, the caller's next lines) runs beside the kernels' threads,
-    and on a 2-core machine it takes one of their cores (the w4a8 llama-309m step was 0.37 ms
-    faster inline, median of 7 process pairs, faster in all 7). The setting takes effect only
-    before JAX's CPU client exists; returns which mode the race runs in."""
+    dispatch off), as llama.cpp runs its step. With async dispatch the calling thread goes on
+    (the call's outputs, its own next lines) while the kernels' two threads run: three threads
+    on a 2-core machine; the w4a8 llama-309m step was 0.37 ms faster inline (median of 7
+    process pairs, faster in all 7). The setting takes effect only before JAX's CPU client
+    exists; returns which mode the race runs in."""
     from jax._src import xla_bridge
 
     if not xla_bridge.backends_are_initialized():
