@@ -119,20 +119,16 @@ class _Split:
         theirs = jax.tree.leaves(self.state, is_leaf=lambda x: isinstance(x, nnx.Variable))
         # values set in place reach the state only if it holds the model's own Variables
         self.shared = ours == {id(v) for v in theirs}
-        # What the jitted phases are handed: the arrays as a plain dict, which the call
-        # flattens and checks in a fraction of an nnx.State's time (see phases.Phases), made
-        # again whenever a Variable's value has been replaced in place (model.w[...] = ...):
-        # 147 identity checks on llama-309m, some 20 microseconds.
-        self.variables = theirs
-        self.raw = [v.get_raw_value() for v in theirs]
-        self.values = self.state if self.mesh is not None else nnx.to_pure_dict(self.state)
+        # What the jitted phases are handed (phases.passed_state), made again whenever a
+        # Variable's value has been replaced in place (model.w[...] = ...): 147 identity
+        # checks on llama-309m, some 20 microseconds.
+        self.variables, self.raw, self.values = theirs, None, None
 
     def arrays(self):
         """The state's arrays as the jitted phases take them, current."""
         now = [v.get_raw_value() for v in self.variables]
-        if not all(map(operator.is_, now, self.raw)):
-            self.raw = now
-            self.values = self.state if self.mesh is not None else nnx.to_pure_dict(self.state)
+        if self.raw is None or not all(map(operator.is_, now, self.raw)):
+            self.raw, self.values = now, phases.passed_state(self.state, self.mesh)
         return self.values
 
     def current(self) -> bool:

@@ -72,6 +72,27 @@ static inline float hsum(vec v) {
 #endif
 }
 
+// The largest lane, and the sum of an integer vector's lanes.
+static inline float hmax(vec v) {
+#if defined(__AVX512F__)
+  return _mm512_reduce_max_ps((__m512)v);
+#else
+  float m = v[0];
+  for (int64_t l = 1; l < VL; l++) m = std::max(m, v[l]);
+  return m;
+#endif
+}
+
+static inline int32_t hsum_int(ivec v) {
+#if defined(__AVX512F__)
+  return _mm512_reduce_add_epi32((__m512i)v);
+#else
+  int32_t s = 0;
+  for (int64_t l = 0; l < VL; l++) s += v[l];
+  return s;
+#endif
+}
+
 #if defined(__AVX512F__)
 // The lane sums of 16 vectors, as one vector (lane i: the sum of d[i]'s lanes): a tree of
 // 15 pairings, each two shuffles and an add, where 16 separate sums take 16 x 4 of each.

@@ -102,26 +102,6 @@ static inline vec vrint(vec v) {
 #endif
 }
 
-static inline float hmax(vec v) {
-#if defined(__AVX512F__)
-  return _mm512_reduce_max_ps((__m512)v);
-#else
-  float m = v[0];
-  for (int64_t l = 1; l < VL; l++) m = std::max(m, v[l]);
-  return m;
-#endif
-}
-
-static inline int32_t hsum_int(ivec v) {
-#if defined(__AVX512F__)
-  return _mm512_reduce_add_epi32((__m512i)v);
-#else
-  int32_t s = 0;
-  for (int64_t l = 0; l < VL; l++) s += v[l];
-  return s;
-#endif
-}
-
 // One row of x rounded to int8 per block: xq [n_pad], sx [G], corr [G] = off * sum(xq).
 // Vectors of VL lanes (a scalar loop took 4.5 us for 4096 inputs, a sixtieth of the down
 // projection it feeds); the numbers are round_activations' own: x / s, ties to even.
